@@ -1,0 +1,65 @@
+// Backend: one device's memory, streams, capability queries and ops. The CPU backend (backend/cpu) and the CUDA
+// backend (backend/cuda) implement it; model code calls only this interface, so it never special-cases devices.
+// Ops are asynchronous on the backend's current stream (the CPU runs them inline); shapes are invariants of the
+// calling code and are TANDEM_CHECKed, while device failures surface through last_error() and synchronize().
+#pragma once
+
+#include <memory>
+
+#include "backend/ops.h"
+#include "core/status.h"
+#include "tensor/buffer.h"
+
+namespace tandem {
+
+enum class CopyKind : uint8_t { kHostToDevice, kDeviceToHost, kDeviceToDevice, kHostToHost };
+using StreamId = int;
+inline constexpr StreamId kDefaultStream = 0;
+
+class Backend : public Allocator {
+ public:
+  ~Backend() override = default;
+
+  [[nodiscard]] virtual const char* name() const = 0;
+  [[nodiscard]] Device device() const override = 0;
+  // Dtype of activations and of the KV cache this backend computes in (f32 on the CPU).
+  [[nodiscard]] virtual DType activation_dtype() const = 0;
+  // Whether `op` runs here with weights of `weight_dtype` (a query, never a crash).
+  [[nodiscard]] virtual bool supports(Op op, DType weight_dtype) const = 0;
+
+  // Memory. alloc() returns device memory for kDevice, host memory (pinned where possible) otherwise.
+  Result<Buffer> alloc(size_t bytes, MemKind kind = MemKind::kDevice) { return Buffer::allocate(*this, bytes, kind); }
+  virtual Status copy(void* dst, const void* src, size_t bytes, CopyKind kind, StreamId stream = kDefaultStream) = 0;
+  virtual Status memset_zero(void* dst, size_t bytes, StreamId stream = kDefaultStream) = 0;
+
+  // Streams. Ops run on the current stream.
+  virtual Result<StreamId> create_stream() = 0;
+  virtual void set_stream(StreamId stream) = 0;
+  virtual Status synchronize(StreamId stream = kDefaultStream) = 0;
+  // The first asynchronous failure since the last call (ok if none), then cleared.
+  virtual Status last_error() = 0;
+
+  // Ops (ops.h).
+  virtual void embedding(const EmbeddingArgs& a) = 0;
+  virtual void linear(const LinearArgs& a) = 0;
+  virtual void rms_norm(const RmsNormArgs& a) = 0;
+  virtual void rope(const RopeArgs& a) = 0;
+  virtual void kv_write(const KvWriteArgs& a) = 0;
+  virtual void attention(const AttentionArgs& a) = 0;
+  virtual void gelu_mul(const GeluMulArgs& a) = 0;
+  virtual void add(const AddArgs& a) = 0;
+  virtual void scale(const ScaleArgs& a) = 0;
+  virtual void softcap(const SoftcapArgs& a) = 0;
+  virtual void argmax(const ArgmaxArgs& a) = 0;
+  virtual void moe_route(const MoeRouteArgs& a) = 0;
+  virtual void moe_experts(const MoeExpertsArgs& a) = 0;
+};
+
+// The CPU backend (always available). `threads` <= 0 uses OpenMP's default.
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+// The CUDA backend on device `index`; unsupported when tandem was built without CUDA or no GPU is present.
+Result<std::unique_ptr<Backend>> make_cuda_backend(int index = 0);
+// "cpu" or "cuda[:N]".
+Result<std::unique_ptr<Backend>> make_backend(const std::string& spec);
+
+}  // namespace tandem

@@ -1,0 +1,115 @@
+// The op vocabulary of tandem's backends: one argument struct per op. The model's forward pass is straight-line
+// code calling these through Backend (backend.h); kernels/ref holds a scalar reference of each for the tests.
+// Conventions: tensors are contiguous unless noted; "act" = the backend's activation dtype (f32 on the CPU);
+// weights keep their checkpoint dtype (bf16, f16 or f32) and every op accumulates in f32.
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/tensor.h"
+
+namespace tandem {
+
+enum class Op : uint8_t {
+  kEmbedding, kLinear, kRmsNorm, kRope, kKvWrite, kAttention, kGeluMul, kAdd, kScale, kSoftcap, kArgmax,
+  kMoeRoute, kMoeExperts, kCount
+};
+const char* op_name(Op op);
+
+// out[t, :] = table[ids[t], :] * scale.          out [n_tokens, dim] act; table [n_vocab, dim]; ids i32 [n_tokens]
+struct EmbeddingArgs {
+  Tensor out, table, ids;
+  float scale = 1.f;
+};
+
+// out = alpha * x @ w^T (+ out if accumulate).    out [n_tokens, n_out] act; x [n_tokens, n_in] act; w [n_out, n_in]
+struct LinearArgs {
+  Tensor out, x, w;
+  float alpha = 1.f;
+  bool accumulate = false;
+};
+
+// Row-wise RMSNorm over the last dim, computed in f32: y = x * (mean(x^2) + eps)^-0.5 * w (no "1 + w", spec §1.2).
+// weight empty = weightless norm (v_norm, router). out may alias x.  x/out [..., dim] act; weight [dim]
+struct RmsNormArgs {
+  Tensor out, x, weight;
+  float eps = 1e-6f;
+};
+
+// In-place half-split ("rotate_half") RoPE on x [n_tokens, n_heads, head_dim] at positions pos (i32 [n_tokens]).
+// inv_freq f32 [head_dim / 2]; a zero frequency leaves its pair (j, j + head_dim/2) unchanged (proportional RoPE).
+struct RopeArgs {
+  Tensor x, pos, inv_freq;
+};
+
+// K/V storage of one attention layer: k, v [n_kv_heads, capacity, head_dim]. Positions [begin, end) are valid.
+// A full layer stores position p at slot p (ring = false); a sliding layer at slot p % capacity (ring = true).
+struct KvView {
+  Tensor k, v;
+  int64_t begin = 0, end = 0;
+  bool ring = false;
+  [[nodiscard]] int64_t capacity() const { return k.ndim == 3 ? k.shape[1] : 0; }
+  [[nodiscard]] int64_t slot(int64_t pos) const { return ring ? pos % capacity() : pos; }
+};
+
+// Writes new keys/values (k_new, v_new [n_tokens, n_kv_heads, head_dim] act) at positions pos (i32 [n_tokens]).
+struct KvWriteArgs {
+  KvView kv;
+  Tensor k_new, v_new, pos;
+};
+
+// out[t, h] = softmax_k(q[t, h] . K[k] * scale + mask) V[k] over keys k in [kv.begin, kv.end) that are visible:
+// causal: k <= q_pos[t]; window > 0: k > q_pos[t] - window. Query head h reads KV head h / (n_heads / n_kv_heads).
+// Softmax in f32. q/out [n_tokens, n_heads, head_dim] act; q_pos i32 [n_tokens].
+struct AttentionArgs {
+  Tensor out, q;
+  KvView kv;
+  Tensor q_pos;
+  int64_t window = 0;
+  bool causal = true;
+  float scale = 1.f;
+};
+
+// out = gelu_tanh(gate) * up (GeGLU, spec §1.9). All [n_tokens, d_ff] act. out may alias gate.
+struct GeluMulArgs {
+  Tensor out, gate, up;
+};
+
+// out = a + b * b_scale (elementwise, same shapes). out may alias a or b.
+struct AddArgs {
+  Tensor out, a, b;
+  float b_scale = 1.f;
+};
+
+// x *= s (in place).
+struct ScaleArgs {
+  Tensor x;
+  float s = 1.f;
+};
+
+// x = cap * tanh(x / cap) (in place, final logit soft-cap, spec §1.11).
+struct SoftcapArgs {
+  Tensor x;
+  float cap = 30.f;
+};
+
+// out[r] = argmax over the last dim of x[r, :]; ties go to the lowest index (HF/torch argmax). out i32 [rows].
+struct ArgmaxArgs {
+  Tensor out, x;
+};
+
+// MoE routing (spec §1.10) from router logits [n_tokens, n_experts] (f32): softmax over all experts, top-k,
+// renormalise the k weights to sum 1, multiply by per_expert_scale[idx]. idx i32 / weights f32 [n_tokens, k].
+struct MoeRouteArgs {
+  Tensor idx, weights, logits, per_expert_scale;
+  int k = 0;
+};
+
+// out[t] = sum_j weights[t, j] * down_e (gelu_tanh(G_e x_t) * (U_e x_t)), e = idx[t, j], where
+// gate_up [n_experts, 2 * d_ff, d_model] holds G_e in rows [0, d_ff) and U_e in rows [d_ff, 2 d_ff),
+// down [n_experts, d_model, d_ff]. Each selected expert's weights are read once for all tokens that chose it.
+struct MoeExpertsArgs {
+  Tensor out, x, gate_up, down, idx, weights;
+};
+
+}  // namespace tandem
