@@ -1,7 +1,9 @@
 // The op vocabulary of tandem's backends: one argument struct per op. The model's forward pass is straight-line
 // code calling these through Backend (backend.h); kernels/ref holds a scalar reference of each for the tests.
 // Conventions: tensors are contiguous unless noted; "act" = the backend's activation dtype (f32 on the CPU);
-// weights keep their checkpoint dtype (bf16, f16 or f32) and every op accumulates in f32.
+// weights keep their checkpoint dtype (bf16, f16 or f32) and every op accumulates in f32. Shapes, dtypes and
+// index ranges (token ids, positions, expert ids) are invariants of the calling code: backends TANDEM_CHECK them.
+// Outputs never alias inputs unless the op says so. Every element of an output is written.
 #pragma once
 
 #include <cstdint>
@@ -17,12 +19,14 @@ enum class Op : uint8_t {
 const char* op_name(Op op);
 
 // out[t, :] = table[ids[t], :] * scale.          out [n_tokens, dim] act; table [n_vocab, dim]; ids i32 [n_tokens]
+// Every id must lie in [0, n_vocab) (the caller validates request token ids). The product is one f32 multiply.
 struct EmbeddingArgs {
   Tensor out, table, ids;
   float scale = 1.f;
 };
 
 // out = alpha * x @ w^T (+ out if accumulate).    out [n_tokens, n_out] act; x [n_tokens, n_in] act; w [n_out, n_in]
+// The activations stay f32 on the CPU (never rounded to the weight dtype); out must not alias x.
 struct LinearArgs {
   Tensor out, x, w;
   float alpha = 1.f;
@@ -30,6 +34,7 @@ struct LinearArgs {
 };
 
 // Row-wise RMSNorm over the last dim, computed in f32: y = x * (mean(x^2) + eps)^-0.5 * w (no "1 + w", spec §1.2).
+// Evaluated as HF does: (x * pow(ms + eps, -0.5)) * w, the weight read as f32.
 // weight empty = weightless norm (v_norm, router). out may alias x.  x/out [..., dim] act; weight [dim]
 struct RmsNormArgs {
   Tensor out, x, weight;
@@ -38,6 +43,8 @@ struct RmsNormArgs {
 
 // In-place half-split ("rotate_half") RoPE on x [n_tokens, n_heads, head_dim] at positions pos (i32 [n_tokens]).
 // inv_freq f32 [head_dim / 2]; a zero frequency leaves its pair (j, j + head_dim/2) unchanged (proportional RoPE).
+// As HF: angle = float(pos) * inv_freq[j] (an f32 product), cos/sin of it in f32 (rounded to the activation dtype
+// when that is not f32), y[j] = x[j] c - x[j+half] s, y[j+half] = x[j+half] c + x[j] s (spec §1.7).
 struct RopeArgs {
   Tensor x, pos, inv_freq;
 };
@@ -53,6 +60,8 @@ struct KvView {
 };
 
 // Writes new keys/values (k_new, v_new [n_tokens, n_kv_heads, head_dim] act) at positions pos (i32 [n_tokens]).
+// Positions must be >= 0, and < capacity unless ring. The KV storage may be strided in its first two dims (last dim
+// contiguous); its dtype is the backend's activation dtype (the CPU backend also accepts bf16 storage).
 struct KvWriteArgs {
   KvView kv;
   Tensor k_new, v_new, pos;
@@ -60,7 +69,10 @@ struct KvWriteArgs {
 
 // out[t, h] = softmax_k(q[t, h] . K[k] * scale + mask) V[k] over keys k in [kv.begin, kv.end) that are visible:
 // causal: k <= q_pos[t]; window > 0: k > q_pos[t] - window. Query head h reads KV head h / (n_heads / n_kv_heads).
-// Softmax in f32. q/out [n_tokens, n_heads, head_dim] act; q_pos i32 [n_tokens].
+// Softmax in f32 with the row maximum subtracted. A query with no visible key (e.g. begin > q_pos) gets a zero
+// output row, never NaN. Requires end - begin <= capacity for a ring (every key in the range is still stored) and
+// end <= capacity otherwise. out may alias q. scale multiplies q.k (Gemma 4 uses 1.0, spec §1.6).
+// q/out [n_tokens, n_heads, head_dim] act; q_pos i32 [n_tokens].
 struct AttentionArgs {
   Tensor out, q;
   KvView kv;
@@ -94,12 +106,15 @@ struct SoftcapArgs {
 };
 
 // out[r] = argmax over the last dim of x[r, :]; ties go to the lowest index (HF/torch argmax). out i32 [rows].
+// NaN counts as larger than every number (torch semantics): a row containing NaN gives the index of its first NaN.
 struct ArgmaxArgs {
   Tensor out, x;
 };
 
 // MoE routing (spec §1.10) from router logits [n_tokens, n_experts] (f32): softmax over all experts, top-k,
 // renormalise the k weights to sum 1, multiply by per_expert_scale[idx]. idx i32 / weights f32 [n_tokens, k].
+// The k experts are listed by decreasing logit (= decreasing probability); equal logits go to the lower expert index.
+// per_expert_scale [n_experts] is any float dtype; 1 <= k <= n_experts.
 struct MoeRouteArgs {
   Tensor idx, weights, logits, per_expert_scale;
   int k = 0;
@@ -108,6 +123,8 @@ struct MoeRouteArgs {
 // out[t] = sum_j weights[t, j] * down_e (gelu_tanh(G_e x_t) * (U_e x_t)), e = idx[t, j], where
 // gate_up [n_experts, 2 * d_ff, d_model] holds G_e in rows [0, d_ff) and U_e in rows [d_ff, 2 d_ff),
 // down [n_experts, d_model, d_ff]. Each selected expert's weights are read once for all tokens that chose it.
+// x/out [n_tokens, d_model] act, idx i32 / weights f32 [n_tokens, k] (as moe_route writes them). Summation order
+// is backend-defined (HF and the CPU backend add experts in increasing index). out must not alias x.
 struct MoeExpertsArgs {
   Tensor out, x, gate_up, down, idx, weights;
 };
