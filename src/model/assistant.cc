@@ -1,0 +1,284 @@
+// Gemma 4 assistant drafter forward (spec §4): pre_projection of [target embedding, hidden], four Q-only layers
+// over the target's published K/V (masks of spec §4.6 in clean mode), final norm, post_projection, LM head.
+#include "model/assistant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/strings.h"
+
+namespace tandem {
+
+const char* draft_head_name(DraftHeadKind k) {
+  switch (k) {
+    case DraftHeadKind::kTiedDense: return "tied dense";
+    case DraftHeadKind::kUntiedDense: return "untied dense";
+    case DraftHeadKind::kCentroid: return "centroid-routed masked embedder";
+  }
+  return "?";
+}
+
+struct Gemma4Assistant::Workspace {
+  Buffer u;                        // [1, 2 * backbone]: [target embedding | hidden]
+  Buffer z, zn, o, f;              // [1, d_model]
+  Buffer q, attn;                  // [1, n_heads * max_head_dim]
+  Buffer gate, up;                 // [1, d_ff]
+  Buffer logits;                   // [1, n_vocab]
+  Buffer tok, pos, amax;           // i32 [1]
+  Buffer centroid_logits;          // [1, n_centroids]
+  Buffer cand_ids;                 // i32 [top_k * vocab_per_centroid]
+  Buffer cand_emb;                 // [top_k * vocab_per_centroid, d_model]
+  Buffer cand_logits;              // [1, top_k * vocab_per_centroid]
+  std::vector<float> host_centroid, host_cand, host_full;
+  std::vector<int32_t> host_cand_ids;
+};
+
+Gemma4Assistant::~Gemma4Assistant() = default;
+
+Status Gemma4Assistant::check_compatible(const std::string& dir) const {
+  const TextConfig& t = target_.text();
+  const TextConfig& d = cfg_.text;
+  auto mismatch = [&](const char* what, long long dv, long long tv) {
+    return invalid_argument(strfmt("drafter %s does not match the target: %s is %lld in the drafter, %lld in the target",
+                                   dir.c_str(), what, dv, tv));
+  };
+  if (cfg_.assistant->backbone_d_model != t.d_model)
+    return mismatch("backbone_hidden_size / hidden_size", cfg_.assistant->backbone_d_model, t.d_model);
+  if (d.n_vocab != t.n_vocab) return mismatch("vocab_size", d.n_vocab, t.n_vocab);
+  for (const LayerSpec& ls : d.layers) {
+    int src = t.shared_kv_layer(ls.attn);
+    if (src < 0)
+      return invalid_argument(strfmt("drafter %s has a %s-attention layer but the target publishes no %s K/V",
+                                     dir.c_str(), attn_type_name(ls.attn), attn_type_name(ls.attn)));
+    const LayerSpec& ts = t.layer(src);
+    if (ls.head_dim != ts.head_dim) return mismatch(strfmt("%s head_dim", attn_type_name(ls.attn)).c_str(), ls.head_dim, ts.head_dim);
+    if (ls.n_kv_heads != ts.n_kv_heads)
+      return mismatch(strfmt("%s num_key_value_heads", attn_type_name(ls.attn)).c_str(), ls.n_kv_heads, ts.n_kv_heads);
+    if (ls.attn == AttnType::kSliding && ls.window != ts.window) return mismatch("sliding_window", ls.window, ts.window);
+  }
+  auto same_rope = [](const RopeSpec& a, const RopeSpec& b) {
+    return a.kind == b.kind && a.theta == b.theta && a.partial_rotary_factor == b.partial_rotary_factor;
+  };
+  if (!same_rope(d.rope_sliding, t.rope_sliding) || !same_rope(d.rope_full, t.rope_full))
+    return invalid_argument(strfmt("drafter %s uses different RoPE parameters than the target", dir.c_str()));
+  return ok_status();
+}
+
+Result<std::unique_ptr<Gemma4Assistant>> Gemma4Assistant::load(const std::string& dir, Gemma4Model& target,
+                                                               const LoadOptions& opts) {
+  std::unique_ptr<Gemma4Assistant> m(new Gemma4Assistant(target));
+  Backend& backend = target.backend();
+  TANDEM_ASSIGN_OR_RETURN(m->cfg_, load_model_config(dir));
+  if (!m->cfg_.is_assistant())
+    return invalid_argument(dir + " is not a Gemma 4 assistant checkpoint (model_type " + m->cfg_.model_type +
+                            "); --draft expects a *-assistant model");
+  TANDEM_TRY(m->check_compatible(dir));
+  TANDEM_ASSIGN_OR_RETURN(m->store_, WeightStore::open(dir));
+  auto bound = bind_assistant_weights(m->cfg_, m->store_.safetensors());
+  if (!bound.ok()) return Status(bound.status()).with_context(dir);
+  m->w_ = std::move(bound).value();
+
+  for (const LayerWeights& lw : m->w_.layers) m->layer_scalar_.push_back(load_as_f32(lw.layer_scalar.data, lw.layer_scalar.dtype, 0));
+  const AssistantConfig& ac = *m->cfg_.assistant;
+  if (ac.use_ordered_embeddings) {
+    m->head_ = DraftHeadKind::kCentroid;
+    const Tensor& ord = m->w_.token_ordering;
+    m->token_ordering_.resize(static_cast<size_t>(ord.numel()));
+    for (int64_t i = 0; i < ord.numel(); ++i) {
+      int64_t v = ord.dtype == DType::kI64 ? ord.ptr<const int64_t>()[i] : ord.ptr<const int32_t>()[i];
+      if (v < 0 || v >= m->cfg_.text.n_vocab)
+        return corrupt(strfmt("%s: masked_embedding.token_ordering[%lld] = %lld is not a token id", dir.c_str(),
+                              static_cast<long long>(i), static_cast<long long>(v)));
+      m->token_ordering_[static_cast<size_t>(i)] = static_cast<int32_t>(v);
+    }
+  } else {
+    m->head_ = m->w_.lm_head.empty() ? DraftHeadKind::kTiedDense : DraftHeadKind::kUntiedDense;
+  }
+
+  ModelConfig* cfg = &m->cfg_;
+  AssistantWeights* w = &m->w_;
+  TANDEM_TRY(m->store_.place(backend, [cfg, w](const auto& fn) { for_each_tensor(*cfg, *w, fn); }, opts.progress));
+  const TextConfig& tc = m->cfg_.text;
+  auto upload_freq = [&](const RopeSpec& rope, int head_dim, Buffer* out) -> Status {
+    std::vector<float> f = rope.inv_freq(head_dim);
+    TANDEM_ASSIGN_OR_RETURN(*out, backend.alloc(f.size() * sizeof(float)));
+    return backend.copy(out->data(), f.data(), f.size() * sizeof(float), CopyKind::kHostToDevice);
+  };
+  TANDEM_TRY(upload_freq(tc.rope_sliding, tc.head_dim, &m->inv_freq_sliding_));
+  TANDEM_TRY(upload_freq(tc.rope_full, tc.global_head_dim, &m->inv_freq_full_));
+
+  // Workspace: every step has exactly one query row.
+  auto ws = std::make_unique<Workspace>();
+  const size_t act = dtype_size(backend.activation_dtype());
+  const int max_hd = std::max(tc.head_dim, tc.global_head_dim);
+  int max_ff = 0;
+  for (const LayerSpec& ls : tc.layers) max_ff = std::max(max_ff, ls.d_ff);
+  auto alloc = [&](Buffer& b, size_t bytes) -> Status {
+    TANDEM_ASSIGN_OR_RETURN(b, backend.alloc(std::max<size_t>(bytes, 64)));
+    return ok_status();
+  };
+  TANDEM_TRY(alloc(ws->u, 2 * static_cast<size_t>(ac.backbone_d_model) * act));
+  for (Buffer* b : {&ws->z, &ws->zn, &ws->o, &ws->f}) TANDEM_TRY(alloc(*b, tc.d_model * act));
+  TANDEM_TRY(alloc(ws->q, static_cast<size_t>(tc.n_heads) * max_hd * act));
+  TANDEM_TRY(alloc(ws->attn, static_cast<size_t>(tc.n_heads) * max_hd * act));
+  TANDEM_TRY(alloc(ws->gate, static_cast<size_t>(max_ff) * act));
+  TANDEM_TRY(alloc(ws->up, static_cast<size_t>(max_ff) * act));
+  TANDEM_TRY(alloc(ws->logits, static_cast<size_t>(tc.n_vocab) * act));
+  for (Buffer* b : {&ws->tok, &ws->pos, &ws->amax}) TANDEM_TRY(alloc(*b, sizeof(int32_t)));
+  if (m->head_ == DraftHeadKind::kCentroid) {
+    const size_t n_cand = static_cast<size_t>(ac.centroid_top_k) * (tc.n_vocab / ac.n_centroids);
+    TANDEM_TRY(alloc(ws->centroid_logits, static_cast<size_t>(ac.n_centroids) * act));
+    TANDEM_TRY(alloc(ws->cand_ids, n_cand * sizeof(int32_t)));
+    TANDEM_TRY(alloc(ws->cand_emb, n_cand * tc.d_model * act));
+    TANDEM_TRY(alloc(ws->cand_logits, n_cand * act));
+  }
+  m->ws_ = std::move(ws);
+  TANDEM_TRY(backend.synchronize());
+  return m;
+}
+
+Status Gemma4Assistant::step(const DraftStepArgs& a, DraftStepResult* out) {
+  const TextConfig& tc = cfg_.text;
+  const DType act = backend_.activation_dtype();
+  const int64_t Ht = cfg_.assistant->backbone_d_model, d = tc.d_model;
+  Workspace& ws = *ws_;
+  if (!a.cache || a.kv_end <= 0 || a.kv_end > a.cache->length())
+    return invalid_argument("draft step: the target cache must hold positions [0, kv_end)");
+  if (a.token < 0 || a.token >= tc.n_vocab) return invalid_argument(strfmt("draft step: token id %d", a.token));
+
+  const Tensor u = ws.u.view(act, {1, 2 * Ht});
+  const Tensor u_emb = ws.u.view(act, {1, Ht});
+  const Tensor u_hid = ws.u.view(act, {1, Ht}, static_cast<size_t>(Ht) * dtype_size(act));
+  const int32_t q_pos = static_cast<int32_t>(a.q_pos);
+  TANDEM_TRY(backend_.copy(ws.tok.data(), &a.token, sizeof(int32_t), CopyKind::kHostToDevice));
+  TANDEM_TRY(backend_.copy(ws.pos.data(), &q_pos, sizeof(int32_t), CopyKind::kHostToDevice));
+  // Input = [target's scaled embedding of t, hidden] (spec §4.2: the TARGET table and scale, not the drafter's).
+  target_.embed(ws.tok.view(DType::kI32, {1}), u_emb);
+  if (a.g_in) TANDEM_TRY(backend_.copy(u_hid.data, a.g_in->data, u_hid.nbytes(), CopyKind::kDeviceToDevice));
+
+  const Tensor z = ws.z.view(act, {1, d});
+  const Tensor zn = ws.zn.view(act, {1, d});
+  const Tensor o = ws.o.view(act, {1, d});
+  const Tensor f = ws.f.view(act, {1, d});
+  const Tensor pos = ws.pos.view(DType::kI32, {1});
+  backend_.linear({.out = z, .x = u, .w = w_.pre_projection});
+  for (int k = 0; k < tc.n_layers; ++k) {
+    const LayerSpec& ls = tc.layer(k);
+    const LayerWeights& lw = w_.layers[static_cast<size_t>(k)];
+    const int64_t nh = tc.n_heads, hd = ls.head_dim;
+    const Tensor inv_freq = (ls.attn == AttnType::kSliding ? inv_freq_sliding_ : inv_freq_full_).view(DType::kF32, {hd / 2});
+    backend_.rms_norm({.out = zn, .x = z, .weight = lw.input_norm, .eps = tc.rms_eps});
+    const Tensor q = ws.q.view(act, {1, nh, hd});
+    backend_.linear({.out = q.reshape({1, nh * hd}), .x = zn, .w = lw.attn.q_proj});
+    backend_.rms_norm({.out = q, .x = q, .weight = lw.attn.q_norm, .eps = tc.rms_eps});
+    backend_.rope({.x = q, .pos = pos, .inv_freq = inv_freq});
+    // The query at Pq = P sees target keys [0, P): all of them on the full layer, the newest W+1 on sliding
+    // layers (HF's inclusive bidirectional window, flipped to look back: spec §4.6). window = W+2 because the
+    // attention op keeps keys k > q_pos - window.
+    const int src = target_.text().shared_kv_layer(ls.attn);
+    const Tensor attn = ws.attn.view(act, {1, nh, hd});
+    backend_.attention({.out = attn, .q = q, .kv = a.cache->view(src, a.kv_end), .q_pos = pos,
+                        .window = ls.attn == AttnType::kSliding ? static_cast<int64_t>(ls.window) + 2 : 0,
+                        .causal = true, .scale = 1.f});
+    backend_.linear({.out = o, .x = attn.reshape({1, nh * hd}), .w = lw.attn.o_proj});
+    backend_.rms_norm({.out = o, .x = o, .weight = lw.post_attn_norm, .eps = tc.rms_eps});
+    backend_.add({.out = z, .a = z, .b = o});
+    const Tensor gate = ws.gate.view(act, {1, ls.d_ff});
+    const Tensor up = ws.up.view(act, {1, ls.d_ff});
+    backend_.rms_norm({.out = zn, .x = z, .weight = lw.pre_ffn_norm, .eps = tc.rms_eps});
+    backend_.linear({.out = gate, .x = zn, .w = lw.mlp.gate});
+    backend_.linear({.out = up, .x = zn, .w = lw.mlp.up});
+    backend_.gelu_mul({.out = gate, .gate = gate, .up = up});
+    backend_.linear({.out = f, .x = gate, .w = lw.mlp.down});
+    backend_.rms_norm({.out = f, .x = f, .weight = lw.post_ffn_norm, .eps = tc.rms_eps});
+    backend_.add({.out = z, .a = z, .b = f});
+    backend_.scale({.x = z, .s = layer_scalar_[static_cast<size_t>(k)]});
+  }
+  backend_.rms_norm({.out = zn, .x = z, .weight = w_.final_norm, .eps = tc.rms_eps});
+  // Next step's hidden = post_projection(normed output), written straight into the input slot it feeds.
+  backend_.linear({.out = u_hid, .x = zn, .w = w_.post_projection});
+  out->g_out = u_hid;
+
+  if (head_ == DraftHeadKind::kCentroid) return centroid_head(zn, a.full_logits, out);
+  const Tensor logits = ws.logits.view(act, {1, tc.n_vocab});
+  backend_.linear({.out = logits, .x = zn, .w = head_ == DraftHeadKind::kUntiedDense ? w_.lm_head : w_.embed});
+  backend_.argmax({.out = ws.amax.view(DType::kI32, {1}), .x = logits});
+  TANDEM_TRY(backend_.copy(&out->argmax, ws.amax.data(), sizeof(int32_t), CopyKind::kDeviceToHost));
+  out->logits = a.full_logits ? logits : Tensor();
+  return backend_.last_error();
+}
+
+Status Gemma4Assistant::centroid_head(const Tensor& zf, bool full_logits, DraftStepResult* out) {
+  // Masked embedder (spec §4.7): score the clusters, keep the top-k, score only their tokens.
+  const TextConfig& tc = cfg_.text;
+  const AssistantConfig& ac = *cfg_.assistant;
+  const DType act = backend_.activation_dtype();
+  Workspace& ws = *ws_;
+  const int C = ac.n_centroids, K = ac.centroid_top_k, M = tc.n_vocab / ac.n_centroids;
+  const int64_t n_cand = static_cast<int64_t>(K) * M;
+  const Tensor cl = ws.centroid_logits.view(act, {1, C});
+  backend_.linear({.out = cl, .x = zf, .w = w_.centroids});
+  ws.host_centroid.resize(static_cast<size_t>(C));
+  std::vector<uint8_t> raw(static_cast<size_t>(C) * dtype_size(act));
+  TANDEM_TRY(backend_.copy(raw.data(), cl.data, raw.size(), CopyKind::kDeviceToHost));
+  TANDEM_TRY(backend_.synchronize());
+  for (int i = 0; i < C; ++i) ws.host_centroid[static_cast<size_t>(i)] = load_as_f32(raw.data(), act, i);
+  std::vector<int> order(static_cast<size_t>(C));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int x, int y) {
+    float vx = ws.host_centroid[static_cast<size_t>(x)], vy = ws.host_centroid[static_cast<size_t>(y)];
+    return vx > vy || (vx == vy && x < y);
+  });
+  ws.host_cand_ids.resize(static_cast<size_t>(n_cand));
+  for (int j = 0; j < K; ++j)
+    for (int m = 0; m < M; ++m)
+      ws.host_cand_ids[static_cast<size_t>(j * M + m)] =
+          token_ordering_[static_cast<size_t>(order[static_cast<size_t>(j)]) * M + m];
+  TANDEM_TRY(backend_.copy(ws.cand_ids.data(), ws.host_cand_ids.data(), n_cand * sizeof(int32_t),
+                           CopyKind::kHostToDevice));
+  const Tensor head = head_ == DraftHeadKind::kUntiedDense ? w_.lm_head : w_.embed;
+  const Tensor emb = ws.cand_emb.view(act, {n_cand, tc.d_model});
+  backend_.embedding({.out = emb, .table = head, .ids = ws.cand_ids.view(DType::kI32, {n_cand}), .scale = 1.f});
+  const Tensor sel = ws.cand_logits.view(act, {1, n_cand});
+  backend_.linear({.out = sel, .x = zf, .w = emb});
+  raw.resize(static_cast<size_t>(n_cand) * dtype_size(act));
+  TANDEM_TRY(backend_.copy(raw.data(), sel.data, raw.size(), CopyKind::kDeviceToHost));
+  TANDEM_TRY(backend_.synchronize());
+  ws.host_cand.resize(static_cast<size_t>(n_cand));
+  float best = -INFINITY, lo = INFINITY;
+  int32_t best_id = -1;
+  for (int64_t i = 0; i < n_cand; ++i) {
+    float v = load_as_f32(raw.data(), act, i);
+    ws.host_cand[static_cast<size_t>(i)] = v;
+    int32_t id = ws.host_cand_ids[static_cast<size_t>(i)];
+    // HF argmax over the scattered vocabulary picks the lowest token id among equal logits.
+    if (v > best || (v == best && id < best_id)) {
+      best = v;
+      best_id = id;
+    }
+    lo = std::min(lo, v);
+  }
+  out->argmax = best_id;
+  out->logits = Tensor();
+  if (full_logits) {
+    // Unselected tokens get min(selected) - 1 (a Python float, then cast to the activation dtype).
+    const float fill = round_to_dtype(static_cast<float>(static_cast<double>(lo) - 1.0), act);
+    ws.host_full.assign(static_cast<size_t>(tc.n_vocab), fill);
+    for (int64_t i = 0; i < n_cand; ++i)
+      ws.host_full[static_cast<size_t>(ws.host_cand_ids[static_cast<size_t>(i)])] = ws.host_cand[static_cast<size_t>(i)];
+    std::vector<uint8_t> packed(static_cast<size_t>(tc.n_vocab) * dtype_size(act));
+    for (int i = 0; i < tc.n_vocab; ++i) {
+      float v = ws.host_full[static_cast<size_t>(i)];
+      if (act == DType::kF32) reinterpret_cast<float*>(packed.data())[i] = v;
+      else reinterpret_cast<uint16_t*>(packed.data())[i] = act == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
+    }
+    const Tensor logits = ws.logits.view(act, {1, tc.n_vocab});
+    TANDEM_TRY(backend_.copy(logits.data, packed.data(), packed.size(), CopyKind::kHostToDevice));
+    TANDEM_TRY(backend_.synchronize());
+    out->logits = logits;
+  }
+  return backend_.last_error();
+}
+
+}  // namespace tandem

@@ -1,0 +1,367 @@
+// Gemma 4 target forward pass (spec §1): embedding (+ per-layer embeddings), decoder layers with sandwich norms,
+// q/k/v norms, RoPE, sliding/full attention over the runtime's KV cache, GeGLU MLP (+ MoE), layer_scalar,
+// final norm, tied LM head and soft-cap. Straight-line code over Backend ops; every numeric choice cites the spec.
+#include "model/gemma4.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/log.h"
+#include "core/strings.h"
+
+namespace tandem {
+
+float round_to_dtype(float value, DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return round_bf16(value);
+    case DType::kF16: return f16_to_f32(f32_to_f16(value));
+    default: return value;
+  }
+}
+
+// Preallocated activations, grown to the largest forward seen. Shapes for `rows` new tokens.
+struct Gemma4Model::Workspace {
+  int64_t rows = 0, out_rows = 0;
+  Buffer x, xn;        // [rows, d_model]
+  Buffer q, attn;      // [rows, n_heads * max_head_dim]
+  Buffer k, v;         // [rows, max_kv_heads * max_head_dim]
+  Buffer o, f, f2, y2; // [rows, d_model]
+  Buffer g, u;         // [rows, max_d_ff]
+  Buffer router;       // [rows, n_experts]
+  Buffer moe_idx;      // i32 [rows, top_k]
+  Buffer moe_w;        // f32 [rows, top_k]
+  Buffer ple;          // [n_layers, rows, ple_dim]
+  Buffer ple_tmp;      // [rows, ple_dim]
+  Buffer ids, pos;     // i32 [rows]
+  Buffer hidden;       // [out_rows, d_model]
+  Buffer logits;       // [out_rows, n_vocab]
+  std::vector<int32_t> host_ids, host_pos;
+};
+
+Gemma4Model::~Gemma4Model() = default;
+
+Result<std::unique_ptr<Gemma4Model>> Gemma4Model::load(const std::string& dir, Backend& backend,
+                                                       const LoadOptions& opts) {
+  std::unique_ptr<Gemma4Model> m(new Gemma4Model(backend));
+  TANDEM_ASSIGN_OR_RETURN(m->cfg_, load_model_config(dir));
+  if (m->cfg_.is_assistant())
+    return invalid_argument(dir + " is a Gemma 4 assistant (drafter) checkpoint, not a target model");
+  const TextConfig& tc = m->cfg_.text;
+  TANDEM_ASSIGN_OR_RETURN(m->store_, WeightStore::open(dir));
+  auto bound = bind_target_weights(m->cfg_, m->store_.safetensors());
+  if (!bound.ok()) return Status(bound.status()).with_context(dir);
+  m->w_ = std::move(bound).value();
+
+  // Scalars the forward needs on the host, read before the weights move to the device.
+  for (const LayerWeights& lw : m->w_.layers) m->layer_scalar_.push_back(load_as_f32(lw.layer_scalar.data, lw.layer_scalar.dtype, 0));
+  // HF casts sqrt(H) (a Python double -> f32 buffer) to the weight dtype before multiplying (spec §1.3).
+  m->embed_scale_ = round_to_dtype(static_cast<float>(std::sqrt(static_cast<double>(tc.d_model))), m->w_.embed.dtype);
+  if (tc.ple_dim > 0)
+    m->ple_embed_scale_ =
+        round_to_dtype(static_cast<float>(std::sqrt(static_cast<double>(tc.ple_dim))), m->w_.ple_embed.dtype);
+
+  for (Op op : {Op::kEmbedding, Op::kLinear, Op::kRmsNorm, Op::kRope, Op::kKvWrite, Op::kAttention, Op::kGeluMul,
+                Op::kAdd, Op::kScale, Op::kSoftcap}) {
+    if (!backend.supports(op, m->w_.embed.dtype))
+      return unsupported(strfmt("the %s backend cannot run %s with %s weights yet", backend.name(), op_name(op),
+                                dtype_name(m->w_.embed.dtype)));
+  }
+  if (tc.moe && (!backend.supports(Op::kMoeRoute, m->w_.embed.dtype) || !backend.supports(Op::kMoeExperts, m->w_.embed.dtype)))
+    return unsupported(strfmt("the %s backend cannot run mixture-of-experts layers yet", backend.name()));
+
+  ModelConfig* cfg = &m->cfg_;
+  TargetWeights* w = &m->w_;
+  TANDEM_TRY(m->store_.place(backend, [cfg, w](const auto& fn) { for_each_tensor(*cfg, *w, fn); }, opts.progress));
+
+  auto upload_freq = [&](const RopeSpec& rope, int head_dim, Buffer* out) -> Status {
+    std::vector<float> f = rope.inv_freq(head_dim);
+    TANDEM_ASSIGN_OR_RETURN(*out, backend.alloc(f.size() * sizeof(float)));
+    return backend.copy(out->data(), f.data(), f.size() * sizeof(float), CopyKind::kHostToDevice);
+  };
+  TANDEM_TRY(upload_freq(tc.rope_sliding, tc.head_dim, &m->inv_freq_sliding_));
+  TANDEM_TRY(upload_freq(tc.rope_full, tc.global_head_dim, &m->inv_freq_full_));
+  TANDEM_TRY(backend.synchronize());
+  return m;
+}
+
+std::vector<KvLayerSpec> Gemma4Model::kv_layout() const {
+  std::vector<KvLayerSpec> out;
+  for (const LayerSpec& ls : cfg_.text.layers)
+    out.push_back({.owns_kv = ls.owns_kv, .source = ls.kv_source, .n_kv_heads = ls.n_kv_heads,
+                   .head_dim = ls.head_dim, .window = ls.attn == AttnType::kSliding ? ls.window : 0});
+  return out;
+}
+
+Result<KvCache> Gemma4Model::new_cache(const KvCacheOptions& opts) const {
+  if (opts.max_positions > cfg_.text.max_position && cfg_.text.max_position > 0)
+    return invalid_argument(strfmt("context of %lld positions exceeds the model's max_position_embeddings %d",
+                                   static_cast<long long>(opts.max_positions), cfg_.text.max_position));
+  return KvCache::create(kv_layout(), backend_, opts);
+}
+
+void Gemma4Model::embed(const Tensor& ids, const Tensor& out) {
+  backend_.embedding({.out = out, .table = w_.embed, .ids = ids, .scale = embed_scale_});
+}
+
+Status Gemma4Model::ensure_workspace(int64_t rows, int64_t out_rows) {
+  if (!ws_) ws_ = std::make_unique<Workspace>();
+  Workspace& ws = *ws_;
+  const TextConfig& tc = cfg_.text;
+  const size_t act = dtype_size(backend_.activation_dtype());
+  auto grow = [&](Buffer& b, size_t bytes) -> Status {
+    if (b.size() >= bytes && b.data()) return ok_status();
+    TANDEM_ASSIGN_OR_RETURN(b, backend_.alloc(std::max<size_t>(bytes, 64)));
+    return ok_status();
+  };
+  if (rows > ws.rows) {
+    int max_hd = std::max(tc.head_dim, tc.global_head_dim);
+    int max_kv = std::max(tc.n_kv_heads, tc.n_global_kv_heads);
+    int max_ff = 0;
+    for (const LayerSpec& ls : tc.layers) max_ff = std::max(max_ff, ls.d_ff);
+    const size_t r = static_cast<size_t>(rows);
+    for (Buffer* b : {&ws.x, &ws.xn, &ws.o, &ws.f, &ws.f2, &ws.y2}) TANDEM_TRY(grow(*b, r * tc.d_model * act));
+    TANDEM_TRY(grow(ws.q, r * tc.n_heads * max_hd * act));
+    TANDEM_TRY(grow(ws.attn, r * tc.n_heads * max_hd * act));
+    TANDEM_TRY(grow(ws.k, r * max_kv * max_hd * act));
+    TANDEM_TRY(grow(ws.v, r * max_kv * max_hd * act));
+    TANDEM_TRY(grow(ws.g, r * max_ff * act));
+    TANDEM_TRY(grow(ws.u, r * max_ff * act));
+    if (tc.moe) {
+      TANDEM_TRY(grow(ws.router, r * tc.n_experts * act));
+      TANDEM_TRY(grow(ws.moe_idx, r * tc.top_k_experts * sizeof(int32_t)));
+      TANDEM_TRY(grow(ws.moe_w, r * tc.top_k_experts * sizeof(float)));
+    }
+    if (tc.ple_dim > 0) {
+      TANDEM_TRY(grow(ws.ple, static_cast<size_t>(tc.n_layers) * r * tc.ple_dim * act));
+      TANDEM_TRY(grow(ws.ple_tmp, r * tc.ple_dim * act));
+    }
+    TANDEM_TRY(grow(ws.ids, r * sizeof(int32_t)));
+    TANDEM_TRY(grow(ws.pos, r * sizeof(int32_t)));
+    ws.rows = rows;
+  }
+  if (out_rows > ws.out_rows) {
+    TANDEM_TRY(grow(ws.hidden, static_cast<size_t>(out_rows) * tc.d_model * act));
+    TANDEM_TRY(grow(ws.logits, static_cast<size_t>(out_rows) * tc.n_vocab * act));
+    ws.out_rows = out_rows;
+  }
+  return ok_status();
+}
+
+Status Gemma4Model::forward(std::span<const SequenceInput> batch, ForwardOutputs* out) {
+  const TextConfig& tc = cfg_.text;
+  int64_t total_out = 0;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const SequenceInput& in = batch[s];
+    if (!in.cache) return invalid_argument("forward: sequence without a KV cache");
+    const int64_t n = static_cast<int64_t>(in.tokens.size());
+    if (in.n_outputs < 0 || in.n_outputs > n)
+      return invalid_argument(strfmt("forward: %d outputs requested for %lld tokens", in.n_outputs,
+                                     static_cast<long long>(n)));
+    if (in.cache->length() + n > in.cache->max_positions())
+      return out_of_range(strfmt("sequence of %lld tokens exceeds the context of %lld positions",
+                                 static_cast<long long>(in.cache->length() + n),
+                                 static_cast<long long>(in.cache->max_positions())));
+    for (int32_t id : in.tokens)
+      if (id < 0 || id >= tc.n_vocab || (tc.ple_dim > 0 && id >= tc.ple_vocab))
+        return invalid_argument(strfmt("token id %d is outside the vocabulary of %d", id, tc.n_vocab));
+    if (batch.size() > 1 && n > in.cache->max_tokens_per_forward())
+      return invalid_argument("forward: in a batch of several sequences each must fit in one chunk");
+    total_out += in.n_outputs;
+  }
+  TANDEM_TRY(ensure_workspace(1, total_out));
+
+  if (batch.size() == 1 && static_cast<int64_t>(batch[0].tokens.size()) > batch[0].cache->max_tokens_per_forward()) {
+    // Long prompt: chunks of at most max_tokens_per_forward; outputs are the last n_outputs tokens overall.
+    const SequenceInput& in = batch[0];
+    const int64_t n = static_cast<int64_t>(in.tokens.size());
+    const int64_t chunk = in.cache->max_tokens_per_forward();
+    const int64_t first_out = n - in.n_outputs;
+    for (int64_t start = 0; start < n; start += chunk) {
+      const int64_t cnt = std::min(chunk, n - start);
+      const int64_t out_from = std::max(start, first_out);
+      SequenceInput part{.cache = in.cache, .tokens = in.tokens.subspan(start, cnt),
+                         .n_outputs = static_cast<int>(std::max<int64_t>(0, start + cnt - out_from))};
+      TANDEM_TRY(forward_chunk(std::span<const SequenceInput>(&part, 1), std::max<int64_t>(0, out_from - first_out)));
+    }
+  } else {
+    TANDEM_TRY(forward_chunk(batch, 0));
+  }
+  out->hidden = ws_->hidden.view(backend_.activation_dtype(), {total_out, tc.d_model});
+  out->logits = ws_->logits.view(backend_.activation_dtype(), {total_out, tc.n_vocab});
+  return backend_.last_error();
+}
+
+Status Gemma4Model::forward_chunk(std::span<const SequenceInput> batch, int64_t out_row0) {
+  const TextConfig& tc = cfg_.text;
+  const DType act = backend_.activation_dtype();
+  int64_t rows = 0, n_out = 0;
+  for (const SequenceInput& in : batch) {
+    rows += static_cast<int64_t>(in.tokens.size());
+    n_out += in.n_outputs;
+  }
+  if (rows == 0) return ok_status();
+  TANDEM_TRY(ensure_workspace(rows, out_row0 + n_out));
+  Workspace& ws = *ws_;
+
+  ws.host_ids.clear();
+  ws.host_pos.clear();
+  for (const SequenceInput& in : batch) {
+    for (size_t j = 0; j < in.tokens.size(); ++j) {
+      ws.host_ids.push_back(in.tokens[j]);
+      ws.host_pos.push_back(static_cast<int32_t>(in.cache->length() + static_cast<int64_t>(j)));
+    }
+  }
+  TANDEM_TRY(backend_.copy(ws.ids.data(), ws.host_ids.data(), rows * sizeof(int32_t), CopyKind::kHostToDevice));
+  TANDEM_TRY(backend_.copy(ws.pos.data(), ws.host_pos.data(), rows * sizeof(int32_t), CopyKind::kHostToDevice));
+  const Tensor ids = ws.ids.view(DType::kI32, {rows});
+  const Tensor x = ws.x.view(act, {rows, tc.d_model});
+
+  backend_.embedding({.out = x, .table = w_.embed, .ids = ids, .scale = embed_scale_});
+
+  if (tc.ple_dim > 0) {
+    // Per-layer embeddings (spec §1.4), stored [n_layers, rows, ple_dim] so each layer's slice is contiguous.
+    const int64_t P = tc.ple_dim, L = tc.n_layers;
+    const Tensor tmp = ws.ple_tmp.view(act, {rows, P});
+    const float proj_scale = static_cast<float>(std::pow(static_cast<double>(tc.d_model), -0.5));
+    const float mix_scale = static_cast<float>(std::pow(2.0, -0.5));
+    for (int64_t i = 0; i < L; ++i) {
+      const Tensor pl = ws.ple.view(act, {rows, P}, static_cast<size_t>(i * rows * P) * dtype_size(act));
+      // Token-identity part: columns [i*P, (i+1)*P) of the packed table (a row-strided view).
+      Tensor table = w_.ple_embed;
+      table.shape = {w_.ple_embed.shape[0], P, 0, 0};
+      table.data = static_cast<char*>(w_.ple_embed.data) + static_cast<size_t>(i * P) * dtype_size(table.dtype);
+      backend_.embedding({.out = pl, .table = table, .ids = ids, .scale = ple_embed_scale_});
+      // Context part: rows [i*P, (i+1)*P) of per_layer_model_projection, scaled by d_model^-0.5, normed over P.
+      backend_.linear({.out = tmp, .x = x, .w = w_.ple_model_proj.slice(i * P, (i + 1) * P), .alpha = proj_scale});
+      backend_.rms_norm({.out = tmp, .x = tmp, .weight = w_.ple_proj_norm, .eps = tc.rms_eps});
+      backend_.add({.out = pl, .a = tmp, .b = pl});
+      backend_.scale({.x = pl, .s = mix_scale});
+    }
+  }
+
+  for (int i = 0; i < tc.n_layers; ++i) TANDEM_TRY(layer_forward(i, batch, rows));
+
+  // Final norm + tied LM head + soft-cap for the requested rows (the last n_outputs of each sequence).
+  const Tensor hidden_all = ws.hidden.view(act, {out_row0 + n_out, tc.d_model});
+  int64_t r = 0, o = out_row0;
+  for (const SequenceInput& in : batch) {
+    const int64_t n = static_cast<int64_t>(in.tokens.size());
+    if (in.n_outputs > 0)
+      backend_.rms_norm({.out = hidden_all.slice(o, o + in.n_outputs), .x = x.slice(r + n - in.n_outputs, r + n),
+                         .weight = w_.final_norm, .eps = tc.rms_eps});
+    r += n;
+    o += in.n_outputs;
+  }
+  if (n_out > 0) {
+    const Tensor logits = ws.logits.view(act, {out_row0 + n_out, tc.n_vocab}).slice(out_row0, out_row0 + n_out);
+    backend_.linear({.out = logits, .x = hidden_all.slice(out_row0, out_row0 + n_out), .w = w_.embed});
+    if (tc.final_logit_softcap) backend_.softcap({.x = logits, .cap = *tc.final_logit_softcap});
+  }
+  for (const SequenceInput& in : batch) in.cache->commit(in.cache->length() + static_cast<int64_t>(in.tokens.size()));
+  return backend_.last_error();
+}
+
+Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, int64_t rows) {
+  const TextConfig& tc = cfg_.text;
+  const LayerSpec& ls = tc.layer(i);
+  const LayerWeights& lw = w_.layers[static_cast<size_t>(i)];
+  const DType act = backend_.activation_dtype();
+  Workspace& ws = *ws_;
+  const int64_t d = tc.d_model, nh = tc.n_heads, hd = ls.head_dim, nkv = ls.n_kv_heads;
+  const Tensor x = ws.x.view(act, {rows, d});
+  const Tensor xn = ws.xn.view(act, {rows, d});
+  const Tensor pos = ws.pos.view(DType::kI32, {rows});
+  const Tensor inv_freq = (ls.attn == AttnType::kSliding ? inv_freq_sliding_ : inv_freq_full_)
+                              .view(DType::kF32, {hd / 2});
+
+  // Attention block (spec §1.5, §1.6).
+  backend_.rms_norm({.out = xn, .x = x, .weight = lw.input_norm, .eps = tc.rms_eps});
+  const Tensor q = ws.q.view(act, {rows, nh, hd});
+  backend_.linear({.out = q.reshape({rows, nh * hd}), .x = xn, .w = lw.attn.q_proj});
+  backend_.rms_norm({.out = q, .x = q, .weight = lw.attn.q_norm, .eps = tc.rms_eps});
+  backend_.rope({.x = q, .pos = pos, .inv_freq = inv_freq});
+  if (ls.owns_kv) {
+    const Tensor k = ws.k.view(act, {rows, nkv, hd});
+    const Tensor v = ws.v.view(act, {rows, nkv, hd});
+    backend_.linear({.out = k.reshape({rows, nkv * hd}), .x = xn, .w = lw.attn.k_proj});
+    if (ls.k_eq_v) {
+      // K=V layers: values are the raw k_proj output, copied before k_norm/RoPE (spec §1.6, item 7 of §6).
+      TANDEM_TRY(backend_.copy(v.data, k.data, k.nbytes(), CopyKind::kDeviceToDevice));
+    } else {
+      backend_.linear({.out = v.reshape({rows, nkv * hd}), .x = xn, .w = lw.attn.v_proj});
+    }
+    backend_.rms_norm({.out = k, .x = k, .weight = lw.attn.k_norm, .eps = tc.rms_eps});
+    backend_.rope({.x = k, .pos = pos, .inv_freq = inv_freq});
+    backend_.rms_norm({.out = v, .x = v, .weight = Tensor(), .eps = tc.rms_eps});  // weightless v_norm
+    int64_t r = 0;
+    for (const SequenceInput& in : batch) {
+      const int64_t n = static_cast<int64_t>(in.tokens.size());
+      backend_.kv_write({.kv = in.cache->view(i, in.cache->length() + n), .k_new = k.slice(r, r + n),
+                         .v_new = v.slice(r, r + n), .pos = pos.slice(r, r + n)});
+      r += n;
+    }
+  }
+  const Tensor attn = ws.attn.view(act, {rows, nh, hd});
+  int64_t r = 0;
+  for (const SequenceInput& in : batch) {
+    const int64_t n = static_cast<int64_t>(in.tokens.size());
+    // Scale 1.0: q_norm/k_norm replace 1/sqrt(d) (spec §1.6). Sliding layers: q - W < k <= q (spec §1.8).
+    backend_.attention({.out = attn.slice(r, r + n), .q = q.slice(r, r + n),
+                        .kv = in.cache->attention_view(i, in.cache->length() + n), .q_pos = pos.slice(r, r + n),
+                        .window = ls.attn == AttnType::kSliding ? ls.window : 0, .causal = true, .scale = 1.f});
+    r += n;
+  }
+  const Tensor o = ws.o.view(act, {rows, d});
+  backend_.linear({.out = o, .x = attn.reshape({rows, nh * hd}), .w = lw.attn.o_proj});
+  backend_.rms_norm({.out = o, .x = o, .weight = lw.post_attn_norm, .eps = tc.rms_eps});
+  backend_.add({.out = x, .a = x, .b = o});
+
+  // Feed-forward block: dense GeGLU (+ MoE on 26B-A4B), spec §1.9, §1.10.
+  const Tensor f = ws.f.view(act, {rows, d});
+  const Tensor g = ws.g.view(act, {rows, ls.d_ff});
+  const Tensor u = ws.u.view(act, {rows, ls.d_ff});
+  backend_.rms_norm({.out = xn, .x = x, .weight = lw.pre_ffn_norm, .eps = tc.rms_eps});
+  backend_.linear({.out = g, .x = xn, .w = lw.mlp.gate});
+  backend_.linear({.out = u, .x = xn, .w = lw.mlp.up});
+  backend_.gelu_mul({.out = g, .gate = g, .up = u});
+  backend_.linear({.out = f, .x = g, .w = lw.mlp.down});
+  if (ls.moe) {
+    backend_.rms_norm({.out = f, .x = f, .weight = lw.moe.post_ffn_norm_1, .eps = tc.rms_eps});
+    // Router on the raw residual: weightless norm * router.scale * d_model^-0.5, then softmax/top-k/renorm.
+    const Tensor z = ws.y2.view(act, {rows, d});
+    backend_.rms_norm({.out = z, .x = x, .weight = lw.moe.router_scale, .eps = tc.rms_eps});
+    backend_.scale({.x = z, .s = static_cast<float>(std::pow(static_cast<double>(d), -0.5))});
+    const Tensor router = ws.router.view(act, {rows, tc.n_experts});
+    backend_.linear({.out = router, .x = z, .w = lw.moe.router_proj});
+    const Tensor idx = ws.moe_idx.view(DType::kI32, {rows, tc.top_k_experts});
+    const Tensor wts = ws.moe_w.view(DType::kF32, {rows, tc.top_k_experts});
+    backend_.moe_route({.idx = idx, .weights = wts, .logits = router, .per_expert_scale = lw.moe.per_expert_scale,
+                        .k = tc.top_k_experts});
+    const Tensor y2 = ws.y2.view(act, {rows, d});
+    backend_.rms_norm({.out = y2, .x = x, .weight = lw.moe.pre_ffn_norm_2, .eps = tc.rms_eps});
+    const Tensor f2 = ws.f2.view(act, {rows, d});
+    backend_.moe_experts({.out = f2, .x = y2, .gate_up = lw.moe.gate_up, .down = lw.moe.down, .idx = idx,
+                          .weights = wts});
+    backend_.rms_norm({.out = f2, .x = f2, .weight = lw.moe.post_ffn_norm_2, .eps = tc.rms_eps});
+    backend_.add({.out = f, .a = f, .b = f2});
+  }
+  backend_.rms_norm({.out = f, .x = f, .weight = lw.post_ffn_norm, .eps = tc.rms_eps});
+  backend_.add({.out = x, .a = x, .b = f});
+
+  if (tc.ple_dim > 0) {
+    // Per-layer input: x += norm(proj(gelu(gate(x)) * ple_i)) (spec §1.4).
+    const int64_t P = tc.ple_dim;
+    const Tensor pg = ws.ple_tmp.view(act, {rows, P});
+    const Tensor pl = ws.ple.view(act, {rows, P}, static_cast<size_t>(i * rows * P) * dtype_size(act));
+    backend_.linear({.out = pg, .x = x, .w = lw.ple.gate});
+    backend_.gelu_mul({.out = pg, .gate = pg, .up = pl});
+    backend_.linear({.out = o, .x = pg, .w = lw.ple.proj});
+    backend_.rms_norm({.out = o, .x = o, .weight = lw.ple.post_norm, .eps = tc.rms_eps});
+    backend_.add({.out = x, .a = x, .b = o});
+  }
+  // layer_scalar multiplies the whole output, residual included (spec §1.5).
+  backend_.scale({.x = x, .s = layer_scalar_[static_cast<size_t>(i)]});
+  return ok_status();
+}
+
+}  // namespace tandem

@@ -1,0 +1,137 @@
+// Sampling implementation (see sampling.h).
+#include "sample/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/strings.h"
+
+namespace tandem {
+
+Status SamplingParams::validate() const {
+  if (!std::isfinite(temperature) || temperature < 0.f)
+    return invalid_argument(strfmt("temperature must be a finite number >= 0 (got %g)", temperature));
+  if (top_k < 0) return invalid_argument(strfmt("top_k must be >= 0 (got %d)", top_k));
+  if (!(top_p > 0.f && top_p <= 1.f)) return invalid_argument(strfmt("top_p must be in (0, 1] (got %g)", top_p));
+  if (!(min_p >= 0.f && min_p <= 1.f)) return invalid_argument(strfmt("min_p must be in [0, 1] (got %g)", min_p));
+  return ok_status();
+}
+
+namespace {
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+}  // namespace
+
+Rng::Rng(uint64_t seed) {
+  uint64_t x = seed;
+  for (uint64_t& s : s_) s = splitmix64(x);
+}
+
+uint64_t Rng::next_u64() {
+  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+
+double Rng::uniform() { return static_cast<double>(next_u64() >> 11) * (1.0 / 9007199254740992.0); }
+
+int32_t argmax(std::span<const float> logits) {
+  int32_t best = -1;
+  float bv = 0.f;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    float v = logits[i];
+    if (std::isnan(v)) continue;
+    if (best < 0 || v > bv) {
+      best = static_cast<int32_t>(i);
+      bv = v;
+    }
+  }
+  return best < 0 ? 0 : best;
+}
+
+void processed_probs(std::span<const float> logits, const SamplingParams& params, std::vector<float>* probs) {
+  const size_t n = logits.size();
+  probs->assign(n, 0.f);
+  if (n == 0) return;
+  if (params.greedy()) {
+    (*probs)[static_cast<size_t>(argmax(logits))] = 1.f;
+    return;
+  }
+  // Candidates sorted by logit (descending, lower id first on ties); top-k cuts the list.
+  std::vector<int32_t> idx(n);
+  std::iota(idx.begin(), idx.end(), 0);
+  auto by_logit = [&](int32_t a, int32_t b) {
+    float x = logits[static_cast<size_t>(a)], y = logits[static_cast<size_t>(b)];
+    return x > y || (x == y && a < b);
+  };
+  size_t keep = n;
+  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < n) {
+    keep = static_cast<size_t>(params.top_k);
+    // Ties at the k-th value stay in, as transformers' TopK warper keeps every logit >= the k-th largest.
+    std::nth_element(idx.begin(), idx.begin() + static_cast<long>(keep - 1), idx.end(), by_logit);
+    const float kth = logits[static_cast<size_t>(idx[keep - 1])];
+    keep = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (logits[i] >= kth) idx[keep++] = static_cast<int32_t>(i);
+  }
+  idx.resize(keep);
+  std::sort(idx.begin(), idx.end(), by_logit);
+  // Softmax of logits / T over the kept candidates, in double.
+  const double inv_t = 1.0 / params.temperature;
+  const double mx = static_cast<double>(logits[static_cast<size_t>(idx[0])]) * inv_t;
+  std::vector<double> p(idx.size());
+  double sum = 0.0;
+  for (size_t i = 0; i < idx.size(); ++i) {
+    p[i] = std::exp(static_cast<double>(logits[static_cast<size_t>(idx[i])]) * inv_t - mx);
+    sum += p[i];
+  }
+  for (double& v : p) v /= sum;
+  size_t cut = p.size();
+  if (params.top_p < 1.f) {
+    double cum = 0.0;
+    for (size_t i = 0; i < p.size(); ++i) {
+      cum += p[i];
+      if (cum >= static_cast<double>(params.top_p)) {
+        cut = i + 1;
+        break;
+      }
+    }
+  }
+  if (params.min_p > 0.f) {
+    const double floor = static_cast<double>(params.min_p) * p[0];
+    size_t m = 0;
+    while (m < cut && p[m] >= floor) ++m;
+    cut = std::max<size_t>(m, 1);
+  }
+  double kept = 0.0;
+  for (size_t i = 0; i < cut; ++i) kept += p[i];
+  for (size_t i = 0; i < cut; ++i) (*probs)[static_cast<size_t>(idx[i])] = static_cast<float>(p[i] / kept);
+}
+
+int32_t sample(std::span<const float> probs, Rng& rng) {
+  double total = 0.0;
+  for (float v : probs) total += v;
+  double r = rng.uniform() * total;
+  int32_t last = 0;
+  for (size_t i = 0; i < probs.size(); ++i) {
+    if (probs[i] <= 0.f) continue;
+    last = static_cast<int32_t>(i);
+    r -= probs[i];
+    if (r < 0.0) return last;
+  }
+  return last;  // rounding: the last token with mass
+}
+
+}  // namespace tandem
