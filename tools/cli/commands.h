@@ -7,5 +7,6 @@
 namespace tandem::cli {
 
 void add_info_command(CLI::App& app, int& exit_code);
+void add_tokenize_command(CLI::App& app, int& exit_code);
 
 }  // namespace tandem::cli

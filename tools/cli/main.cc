@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
 
   int exit_code = 0;
   tandem::cli::add_info_command(app, exit_code);
+  tandem::cli::add_tokenize_command(app, exit_code);
 
   try {
     app.parse(argc, argv);
