@@ -1,0 +1,256 @@
+// CPU backend: memory, streams, capability queries and the small row-wise ops (embedding, RMSNorm §1.2, RoPE §1.7,
+// GeGLU §1.9, add/scale, soft-cap §1.11, argmax, MoE routing §1.10). linear/MoE experts live in cpu_linear.cc,
+// attention and the KV writes in cpu_attention.cc. All math is f32, in the order HF evaluates it.
+#include "backend/cpu/cpu_backend.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <numbers>
+
+#include "backend/cpu/cpu_checks.h"
+#include "core/strings.h"
+
+namespace tandem {
+namespace cpu {
+
+int simd_type(DType t) {
+  switch (t) {
+    case DType::kF32: return kSimdF32;
+    case DType::kBF16: return kSimdBF16;
+    case DType::kF16: return kSimdF16;
+    default: TANDEM_CHECK_MSG(false, "no float kernels for dtype %s", dtype_name(t));
+  }
+  return kSimdF32;
+}
+
+float gelu_tanh_f32(float x) {
+  // PyTorch's tanh GELU: kBeta = sqrt(2) * (2 / sqrt(pi)) * 0.5 = sqrt(2 / pi), kKappa = 0.044715.
+  constexpr float kBeta = static_cast<float>(std::numbers::sqrt2 * (2.0 * std::numbers::inv_sqrtpi) * 0.5);
+  constexpr float kKappa = 0.044715f;
+  const float inner = kBeta * (x + kKappa * x * x * x);
+  return 0.5f * x * (1.f + std::tanh(inner));
+}
+
+CpuBackend::CpuBackend(int threads, const SimdOps& simd)
+    : threads_(threads > 0 ? threads : omp_get_max_threads()), simd_(simd) {
+  name_ = strfmt("cpu (%s, %d threads)", simd_.name, threads_);
+}
+
+bool CpuBackend::supports(Op op, DType weight_dtype) const {
+  return op < Op::kCount && dtype_is_float(weight_dtype);
+}
+
+void* CpuBackend::allocate(size_t bytes, MemKind) {
+  const size_t rounded = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
+  return std::aligned_alloc(64, rounded);
+}
+
+void CpuBackend::deallocate(void* ptr, size_t, MemKind) { std::free(ptr); }
+
+Status CpuBackend::copy(void* dst, const void* src, size_t bytes, CopyKind, StreamId) {
+  if (bytes) std::memmove(dst, src, bytes);
+  return ok_status();
+}
+
+Status CpuBackend::memset_zero(void* dst, size_t bytes, StreamId) {
+  if (bytes) std::memset(dst, 0, bytes);
+  return ok_status();
+}
+
+void CpuBackend::embedding(const EmbeddingArgs& a) {
+  check_act(a.out, "embedding out");
+  check_float(a.table, "embedding table");
+  check_i32(a.ids, "embedding ids");
+  const int64_t n = a.ids.numel(), dim = a.table.dim(1), n_vocab = a.table.dim(0);
+  TANDEM_CHECK_MSG(a.table.ndim == 2 && a.out.rows() == n && a.out.dim(-1) == dim, "embedding: out %s, table %s",
+                   a.out.describe().c_str(), a.table.describe().c_str());
+  const int type = simd_type(a.table.dtype);
+  const size_t esize = dtype_size(a.table.dtype);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t id = a.ids.ptr<int32_t>()[t];
+    TANDEM_CHECK_MSG(id >= 0 && id < n_vocab, "token id %lld outside [0, %lld)", static_cast<long long>(id),
+                     static_cast<long long>(n_vocab));
+    float* dst = a.out.ptr<float>() + t * dim;
+    simd_.to_f32(dst, static_cast<const char*>(a.table.data) + static_cast<size_t>(id * dim) * esize, type, dim);
+    for (int64_t d = 0; d < dim; ++d) dst[d] *= a.scale;
+  }
+}
+
+void CpuBackend::rms_norm(const RmsNormArgs& a) {
+  check_act(a.out, "rms_norm out");
+  check_act(a.x, "rms_norm x");
+  const int64_t dim = a.x.dim(-1), rows = a.x.rows();
+  TANDEM_CHECK(a.out.numel() == a.x.numel() && a.out.dim(-1) == dim);
+  const bool has_w = !a.weight.empty();
+  std::vector<float> w;
+  if (has_w) {
+    check_float(a.weight, "rms_norm weight");
+    TANDEM_CHECK(a.weight.numel() == dim);
+    w.resize(static_cast<size_t>(dim));
+    simd_.to_f32(w.data(), a.weight.data, simd_type(a.weight.dtype), dim);
+  }
+  const float* x = a.x.ptr<float>();
+  float* out = a.out.ptr<float>();
+#pragma omp parallel for num_threads(threads_) schedule(static) if (rows * dim > 65536)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float* yr = out + r * dim;
+    double ss = 0;  // the sum of squares in double: cheap, and closer to exact than any f32 order
+    for (int64_t d = 0; d < dim; ++d) ss += static_cast<double>(xr[d]) * xr[d];
+    const float ms = static_cast<float>(ss / static_cast<double>(dim));
+    const float inv = std::pow(ms + a.eps, -0.5f);  // pow, not rsqrt, as HF (spec §1.2)
+    if (has_w) {
+      for (int64_t d = 0; d < dim; ++d) yr[d] = (xr[d] * inv) * w[d];
+    } else {
+      for (int64_t d = 0; d < dim; ++d) yr[d] = xr[d] * inv;
+    }
+  }
+}
+
+void CpuBackend::rope(const RopeArgs& a) {
+  check_act(a.x, "rope x");
+  check_i32(a.pos, "rope pos");
+  check_act(a.inv_freq, "rope inv_freq");
+  TANDEM_CHECK(a.x.ndim == 3);
+  const int64_t n_tok = a.x.shape[0], n_heads = a.x.shape[1], head_dim = a.x.shape[2], half = head_dim / 2;
+  TANDEM_CHECK(head_dim % 2 == 0 && a.inv_freq.numel() == half && a.pos.numel() == n_tok);
+  const float* f = a.inv_freq.ptr<float>();
+#pragma omp parallel for num_threads(threads_) schedule(static) if (n_tok > 1)
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const float pos = static_cast<float>(a.pos.ptr<int32_t>()[t]);
+    for (int64_t j = 0; j < half; ++j) {
+      if (f[j] == 0.f) continue;  // unrotated pair of proportional RoPE: bit-for-bit unchanged
+      const float angle = pos * f[j];
+      const float c = std::cos(angle), s = std::sin(angle);
+      for (int64_t h = 0; h < n_heads; ++h) {
+        float* x = a.x.ptr<float>() + (t * n_heads + h) * head_dim;
+        const float x1 = x[j], x2 = x[j + half];
+        x[j] = x1 * c + (-x2) * s;  // x * cos + rotate_half(x) * sin
+        x[j + half] = x2 * c + x1 * s;
+      }
+    }
+  }
+}
+
+void CpuBackend::gelu_mul(const GeluMulArgs& a) {
+  check_act(a.out, "gelu_mul out");
+  check_act(a.gate, "gelu_mul gate");
+  check_act(a.up, "gelu_mul up");
+  const int64_t n = a.gate.numel();
+  TANDEM_CHECK(a.out.numel() == n && a.up.numel() == n);
+  const float* g = a.gate.ptr<float>();
+  const float* u = a.up.ptr<float>();
+  float* o = a.out.ptr<float>();
+#pragma omp parallel for num_threads(threads_) schedule(static) if (n > 16384)
+  for (int64_t i = 0; i < n; ++i) o[i] = gelu_tanh_f32(g[i]) * u[i];
+}
+
+void CpuBackend::add(const AddArgs& a) {
+  check_act(a.out, "add out");
+  check_act(a.a, "add a");
+  check_act(a.b, "add b");
+  const int64_t n = a.a.numel();
+  TANDEM_CHECK(a.out.numel() == n && a.b.numel() == n);
+  const float* x = a.a.ptr<float>();
+  const float* y = a.b.ptr<float>();
+  float* o = a.out.ptr<float>();
+  if (a.b_scale == 1.f) {
+    for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i] * a.b_scale;
+  }
+}
+
+void CpuBackend::scale(const ScaleArgs& a) {
+  check_act(a.x, "scale x");
+  float* x = a.x.ptr<float>();
+  for (int64_t i = 0, n = a.x.numel(); i < n; ++i) x[i] *= a.s;
+}
+
+void CpuBackend::softcap(const SoftcapArgs& a) {
+  check_act(a.x, "softcap x");
+  TANDEM_CHECK(a.cap > 0.f);
+  float* x = a.x.ptr<float>();
+  const int64_t n = a.x.numel();
+#pragma omp parallel for num_threads(threads_) schedule(static) if (n > 16384)
+  for (int64_t i = 0; i < n; ++i) x[i] = std::tanh(x[i] / a.cap) * a.cap;  // HF: (x / cap).tanh() * cap
+}
+
+void CpuBackend::argmax(const ArgmaxArgs& a) {
+  check_act(a.x, "argmax x");
+  check_i32(a.out, "argmax out");
+  const int64_t rows = a.x.rows(), n = a.x.dim(-1);
+  TANDEM_CHECK(a.out.numel() == rows && n > 0);
+#pragma omp parallel for num_threads(threads_) schedule(static) if (rows > 1)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = a.x.ptr<float>() + r * n;
+    int64_t best = 0;
+    float bv = x[0];
+    if (!std::isnan(bv)) {
+      for (int64_t i = 1; i < n; ++i) {
+        if (x[i] > bv) {  // strictly greater: ties keep the lowest index
+          bv = x[i];
+          best = i;
+        } else if (std::isnan(x[i])) {  // NaN is the maximum; the first one wins
+          best = i;
+          break;
+        }
+      }
+    }
+    a.out.ptr<int32_t>()[r] = static_cast<int32_t>(best);
+  }
+}
+
+void CpuBackend::moe_route(const MoeRouteArgs& a) {
+  check_act(a.logits, "moe_route logits");
+  check_float(a.per_expert_scale, "moe_route per_expert_scale");
+  check_i32(a.idx, "moe_route idx");
+  check_act(a.weights, "moe_route weights");
+  const int64_t n_tok = a.logits.rows(), n_exp = a.logits.dim(-1), k = a.k;
+  TANDEM_CHECK(k >= 1 && k <= n_exp && a.per_expert_scale.numel() == n_exp);
+  TANDEM_CHECK(a.idx.numel() == n_tok * k && a.weights.numel() == n_tok * k);
+  std::vector<float> pes(static_cast<size_t>(n_exp)), prob(static_cast<size_t>(n_exp));
+  std::vector<char> taken(static_cast<size_t>(n_exp));
+  simd_.to_f32(pes.data(), a.per_expert_scale.data, simd_type(a.per_expert_scale.dtype), n_exp);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const float* l = a.logits.ptr<float>() + t * n_exp;
+    int32_t* idx = a.idx.ptr<int32_t>() + t * k;
+    float* w = a.weights.ptr<float>() + t * k;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t e = 0; e < n_exp; ++e) mx = std::max(mx, l[e]);
+    float total = 0;
+    for (int64_t e = 0; e < n_exp; ++e) total += prob[e] = std::exp(l[e] - mx);
+    for (int64_t e = 0; e < n_exp; ++e) prob[e] /= total;  // softmax over all experts, f32 (spec §1.10)
+    std::fill(taken.begin(), taken.end(), 0);
+    float sel = 0;
+    for (int64_t j = 0; j < k; ++j) {  // top-k by logit; strictly greater, so ties go to the lower expert
+      int64_t best = -1;
+      for (int64_t e = 0; e < n_exp; ++e)
+        if (!taken[e] && (best < 0 || l[e] > l[best])) best = e;
+      taken[best] = 1;
+      idx[j] = static_cast<int32_t>(best);
+      sel += prob[best];
+    }
+    for (int64_t j = 0; j < k; ++j) w[j] = prob[idx[j]] / sel * pes[idx[j]];
+  }
+}
+
+}  // namespace cpu
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) {
+  return std::make_unique<cpu::CpuBackend>(threads, cpu::simd_ops_best());
+}
+
+Result<std::unique_ptr<Backend>> make_cpu_backend_with(const CpuBackendOptions& options) {
+  const cpu::SimdOps* simd = cpu::simd_ops_named(options.isa.c_str());
+  if (simd == nullptr)
+    return unsupported(strfmt("cpu backend: instruction set '%s' is unknown or not supported by this CPU/build",
+                              options.isa.c_str()));
+  return std::unique_ptr<Backend>(std::make_unique<cpu::CpuBackend>(options.threads, *simd));
+}
+
+}  // namespace tandem

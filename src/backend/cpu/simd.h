@@ -1,0 +1,57 @@
+// The CPU backend's vector kernels behind a table of function pointers, one table per instruction set (AVX-512F,
+// AVX2+FMA+F16C, portable scalar), chosen at run time so one binary runs on any x86-64 (and non-x86) CPU.
+// The ISA-specific translation units include only this header and <immintrin.h>: nothing with external-linkage
+// inline code may be compiled with -mavx512f, or the linker could hand AVX-512 code to callers on other CPUs.
+#pragma once
+
+#include <cstdint>
+
+namespace tandem::cpu {
+
+// Element types the kernels read (weights, KV storage, embedding rows).
+enum SimdType : int { kSimdF32 = 0, kSimdBF16 = 1, kSimdF16 = 2 };
+
+// out[t * out_stride + r] = alpha * dot(x[t * x_stride + :n_in], w[r * w_stride + :n_in]) (+ old value if
+// accumulate) for t < n_tok. Activations and outputs are f32; the weights are converted to f32 on the fly.
+struct LinearJob {
+  const void* w = nullptr;
+  int wtype = kSimdF32;
+  int64_t w_stride = 0;  // elements between weight rows
+  int64_t n_in = 0;
+  const float* x = nullptr;
+  int64_t x_stride = 0;
+  int64_t n_tok = 0;
+  float* out = nullptr;
+  int64_t out_stride = 0;
+  float alpha = 1.f;
+  bool accumulate = false;
+};
+
+// Rows of a weight tile converted once and reused across every token of a multi-token linear.
+inline constexpr int64_t kLinearTileRows = 4;
+
+struct SimdOps {
+  const char* name;
+  // Rows [row_begin, row_end) of job->out. scratch: kLinearTileRows * n_in floats owned by the calling thread.
+  void (*linear_rows)(const LinearJob* job, int64_t row_begin, int64_t row_end, float* scratch);
+  // sum_i a[i] * b[i], b of type btype.
+  float (*dot)(const float* a, const void* b, int btype, int64_t n);
+  // y[i] += s * x[i], x of type xtype.
+  void (*axpy)(float* y, float s, const void* x, int xtype, int64_t n);
+  // dst[i] = float(src[i]).
+  void (*to_f32)(float* dst, const void* src, int stype, int64_t n);
+  // sum_i x[i] (a streaming read, used by the op lab to measure read bandwidth).
+  double (*sum)(const float* x, int64_t n);
+};
+
+// The tables, or nullptr when this build or this CPU lacks the instruction set.
+const SimdOps* simd_ops_avx512();
+const SimdOps* simd_ops_avx2();
+const SimdOps& simd_ops_scalar();
+
+// The best table this CPU supports.
+const SimdOps& simd_ops_best();
+// "avx512", "avx2", "scalar", or "" / "best" for simd_ops_best(); nullptr when unknown or unsupported here.
+const SimdOps* simd_ops_named(const char* name);
+
+}  // namespace tandem::cpu
