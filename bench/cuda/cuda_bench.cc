@@ -1,0 +1,125 @@
+// CUDA op lab (design.md §2, llm.c style): measures the device-to-device copy bandwidth as the floor, then times
+// linear() at Gemma 4 31B's MLP shape [T, 5376] x [21504, 5376]^T bf16 (decode GEMV and verify/prefill sizes) and
+// rms_norm, printing achieved GB/s (TFLOP/s for the large GEMM) and the ratio to the floor measured in this run.
+// Usage: cuda_bench [--quick]. Exits 0 with a message when there is no GPU.
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+
+namespace tandem {
+namespace {
+
+using cuda::CudaBackend;
+
+// Mean milliseconds per call of fn over `iters` calls after `warmup`, timed with CUDA events on `stream`.
+double time_ms(CudaBackend& be, int warmup, int iters, const std::function<void()>& fn) {
+  for (int i = 0; i < warmup; ++i) fn();
+  cudaStream_t s = be.cuda_stream(be.current_stream());
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  cudaEventRecord(a, s);
+  for (int i = 0; i < iters; ++i) fn();
+  cudaEventRecord(b, s);
+  cudaEventSynchronize(b);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, a, b);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms / iters;
+}
+
+// Uploads pseudo-random bf16 values in [-1, 1) (a fast LCG; the values only need to be non-trivial).
+bool fill_bf16(CudaBackend& be, const Buffer& dst, size_t n) {
+  std::vector<uint16_t> h(n);
+  uint32_t s = 12345;
+  for (size_t i = 0; i < n; ++i) {
+    s = s * 1664525u + 1013904223u;
+    h[i] = f32_to_bf16(static_cast<float>(s >> 8) / static_cast<float>(1u << 23) - 1.f);
+  }
+  return be.copy(dst.data(), h.data(), n * 2, CopyKind::kHostToDevice).ok() && be.synchronize().ok();
+}
+
+int run(bool quick) {
+  auto made = CudaBackend::create(0);
+  if (!made.ok()) {
+    std::printf("cuda_bench: skipped: %s\n", made.status().to_string().c_str());
+    return 0;
+  }
+  CudaBackend& be = **made;
+  const cudaDeviceProp& p = be.properties();
+  std::printf("cuda_bench on %s (sm_%d%d, %d SMs, %.1f GiB, L2 %.0f MiB)\n", p.name, p.major, p.minor,
+              p.multiProcessorCount, static_cast<double>(p.totalGlobalMem) / (1 << 30),
+              static_cast<double>(p.l2CacheSize) / (1 << 20));
+  const int iters = quick ? 5 : 20;
+
+  // Floor: D2D copy of 1 GiB, counting bytes read + bytes written.
+  const size_t copy_bytes = size_t{1} << 30;
+  Buffer c1 = be.alloc(copy_bytes).value(), c2 = be.alloc(copy_bytes).value();
+  if (!be.memset_zero(c1.data(), copy_bytes).ok()) return 1;
+  const double copy_ms = time_ms(be, 2, iters, [&] {
+    (void)be.copy(c2.data(), c1.data(), copy_bytes, CopyKind::kDeviceToDevice);
+  });
+  const double copy_gbs = 2.0 * static_cast<double>(copy_bytes) / (copy_ms * 1e6);
+  c1.reset();
+  c2.reset();
+
+  std::printf("\n%-44s %10s %10s %10s %12s\n", "op", "ms", "GB/s", "TFLOP/s", "floor ratio");
+  std::printf("%-44s %10.3f %10.0f %10s %12s\n", "copy D2D 1 GiB (read + write)", copy_ms, copy_gbs, "-", "1.00");
+
+  const int64_t n_out = 21504, n_in = 5376;
+  Buffer w = be.alloc(static_cast<size_t>(n_out * n_in) * 2).value();
+  if (!fill_bf16(be, w, static_cast<size_t>(n_out * n_in))) return 1;
+  const int64_t max_tok = 512;
+  Buffer x = be.alloc(static_cast<size_t>(max_tok * n_in) * 2).value();
+  Buffer out = be.alloc(static_cast<size_t>(max_tok * n_out) * 2).value();
+  if (!fill_bf16(be, x, static_cast<size_t>(max_tok * n_in))) return 1;
+  for (int64_t n_tok : {1, 2, 4, 8, 16, 512}) {
+    const LinearArgs args{.out = out.view(DType::kBF16, {n_tok, n_out}), .x = x.view(DType::kBF16, {n_tok, n_in}),
+                          .w = w.view(DType::kBF16, {n_out, n_in})};
+    const auto path = be.linear_path(args);
+    const double ms = time_ms(be, 3, iters, [&] { be.linear(args); });
+    const double bytes = 2.0 * static_cast<double>(n_out * n_in + n_tok * n_in + n_tok * n_out);
+    const double gbs = bytes / (ms * 1e6), tflops = 2.0 * n_tok * n_out * n_in / (ms * 1e9);
+    char label[96];
+    std::snprintf(label, sizeof label, "linear [%lld,5376]x[21504,5376]^T bf16 %s", static_cast<long long>(n_tok),
+                  path.ok() ? cuda::linear_path_name(*path) : "?");
+    // Floor ratio: measured time over the time the copy bandwidth needs to move the same bytes once.
+    std::printf("%-44s %10.3f %10.0f %10.1f %12.2f\n", label, ms, gbs, tflops, ms / (bytes / (copy_gbs * 1e6)));
+  }
+  w.reset();
+  x.reset();
+  out.reset();
+
+  const int64_t rows = 4096, dim = 5376;
+  Buffer nx = be.alloc(static_cast<size_t>(rows * dim) * 2).value(), ny = be.alloc(static_cast<size_t>(rows * dim) * 2).value();
+  Buffer nw = be.alloc(static_cast<size_t>(dim) * 2).value();
+  if (!fill_bf16(be, nx, static_cast<size_t>(rows * dim)) || !fill_bf16(be, nw, static_cast<size_t>(dim))) return 1;
+  const RmsNormArgs nargs{.out = ny.view(DType::kBF16, {rows, dim}), .x = nx.view(DType::kBF16, {rows, dim}),
+                          .weight = nw.view(DType::kBF16, {dim})};
+  const double nms = time_ms(be, 3, iters, [&] { be.rms_norm(nargs); });
+  const double nbytes = 2.0 * 2.0 * static_cast<double>(rows * dim);
+  std::printf("%-44s %10.3f %10.0f %10s %12.2f\n", "rms_norm [4096,5376] bf16", nms, nbytes / (nms * 1e6), "-",
+              nms / (nbytes / (copy_gbs * 1e6)));
+
+  const Status st = be.synchronize();
+  if (!st.ok()) {
+    std::printf("cuda_bench: device error: %s\n", st.to_string().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  return tandem::run(quick);
+}

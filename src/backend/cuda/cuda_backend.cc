@@ -1,0 +1,334 @@
+// CudaBackend (cuda_backend.h): device selection, memory, streams, error recording, and the op entry points that
+// check shapes (invariants of the calling code, TANDEM_CHECKed like the CPU backend) before enqueueing the
+// kernels of kernels.h / gemm.h on the current stream. Also make_cuda_backend() of backend.h.
+#include "backend/cuda/cuda_backend.h"
+
+#include <utility>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+#include "core/log.h"
+#include "core/strings.h"
+
+namespace tandem {
+namespace cuda {
+namespace {
+
+cudaMemcpyKind to_cuda(CopyKind kind) {
+  switch (kind) {
+    case CopyKind::kHostToDevice: return cudaMemcpyHostToDevice;
+    case CopyKind::kDeviceToHost: return cudaMemcpyDeviceToHost;
+    case CopyKind::kDeviceToDevice: return cudaMemcpyDeviceToDevice;
+    case CopyKind::kHostToHost: return cudaMemcpyHostToHost;
+  }
+  return cudaMemcpyDefault;
+}
+
+// Op arguments must live on this GPU; passing a host tensor to a CUDA op is a bug of the calling code.
+void expect_gpu(const Tensor& t, int index, const char* op, const char* what, bool contiguous = true) {
+  if (t.numel() == 0) return;
+  TANDEM_CHECK_MSG(!t.empty(), "cuda %s: %s %s has no data", op, what, t.describe().c_str());
+  TANDEM_CHECK_MSG(t.device.kind == DeviceKind::kCuda && t.device.index == index, "cuda %s: %s is on %s, not cuda:%d",
+                   op, what, t.device.to_string().c_str(), index);
+  TANDEM_CHECK_MSG(!contiguous || t.is_contiguous(), "cuda %s: %s %s is not contiguous", op, what,
+                   t.describe().c_str());
+}
+
+void expect_i32(const Tensor& t, const char* op, const char* what) {
+  TANDEM_CHECK_MSG(t.dtype == DType::kI32, "cuda %s: %s must be i32, got %s", op, what, t.describe().c_str());
+}
+
+}  // namespace
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int index) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return unsupported(strfmt("no usable CUDA device: %s (%s)", cudaGetErrorName(err), cudaGetErrorString(err)));
+  }
+  if (count == 0) return unsupported("no CUDA device");
+  if (index < 0 || index >= count)
+    return invalid_argument(strfmt("cuda:%d: this machine has %d CUDA device(s)", index, count));
+  std::unique_ptr<CudaBackend> b(new CudaBackend(index));
+  TANDEM_TRY(b->init().with_context(strfmt("cuda:%d", index)));
+  return b;
+}
+
+Status CudaBackend::init() {
+  TANDEM_CUDA_TRY(cudaSetDevice(index_));
+  TANDEM_CUDA_TRY(cudaGetDeviceProperties(&props_, index_));
+  Status image = check_kernel_image();
+  if (!image.ok()) {
+    return unsupported(strfmt("%s (sm_%d%d) cannot run this build's kernels (built for CUDA architectures %s): %s",
+                              props_.name, props_.major, props_.minor, TANDEM_CUDA_ARCHS, image.message().c_str()));
+  }
+  TANDEM_TRY(add_stream());
+  TANDEM_ASSIGN_OR_RETURN(gemm_, Gemm::create());
+  TANDEM_LOG_DEBUG("cuda:%d: %s, sm_%d%d, %s", index_, props_.name, props_.major, props_.minor,
+                   human_bytes(props_.totalGlobalMem).c_str());
+  return ok_status();
+}
+
+CudaBackend::~CudaBackend() {
+  if (cudaSetDevice(index_) != cudaSuccess) return;  // no context left to clean up
+  for (const StreamState& s : streams_) (void)cudaStreamSynchronize(s.stream);
+  gemm_.reset();
+  for (const StreamState& s : streams_) {
+    if (s.workspace) (void)cudaFree(s.workspace);
+    (void)cudaStreamDestroy(s.stream);
+  }
+  (void)cudaGetLastError();
+}
+
+Status CudaBackend::add_stream() {
+  StreamState s;
+  // Non-blocking: never serialises with the legacy default stream, and capturable into CUDA graphs.
+  TANDEM_CUDA_TRY(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+  Status st = TANDEM_CUDA_STATUS(cudaMalloc(&s.workspace, Gemm::kWorkspaceBytes));
+  if (!st.ok()) {
+    (void)cudaStreamDestroy(s.stream);
+    (void)cudaGetLastError();
+    return st.with_context("cuBLASLt workspace");
+  }
+  streams_.push_back(s);
+  return ok_status();
+}
+
+bool CudaBackend::activate() {
+  Status st = TANDEM_CUDA_STATUS(cudaSetDevice(index_));
+  if (st.ok()) return true;
+  record(std::move(st));
+  return false;
+}
+
+void CudaBackend::record(Status s) {
+  if (!s.ok() && pending_.ok()) pending_ = std::move(s);
+}
+
+void CudaBackend::not_implemented(const char* op) {
+  record(unsupported(strfmt("cuda backend: op %s is not implemented yet", op)));
+}
+
+bool CudaBackend::supports(Op op, DType weight_dtype) const {
+  const bool f32_or_bf16 = weight_dtype == DType::kF32 || weight_dtype == DType::kBF16;
+  switch (op) {
+    case Op::kEmbedding:
+    case Op::kLinear:
+    case Op::kRmsNorm:
+    case Op::kRope:
+    case Op::kKvWrite:
+    case Op::kGeluMul:
+    case Op::kAdd:
+    case Op::kScale:
+    case Op::kSoftcap:
+    case Op::kArgmax: return f32_or_bf16;
+    default: return false;  // attention and MoE: issue 7
+  }
+}
+
+cudaStream_t CudaBackend::cuda_stream(StreamId id) const {
+  TANDEM_CHECK_MSG(valid_stream(id), "cuda: no stream %d", id);
+  return streams_[static_cast<size_t>(id)].stream;
+}
+
+// ---- memory ----
+
+void* CudaBackend::allocate(size_t bytes, MemKind kind) {
+  if (kind == MemKind::kHost) return host_allocator().allocate(bytes, kind);
+  if (!activate()) return nullptr;
+  void* p = nullptr;
+  const size_t n = bytes == 0 ? 1 : bytes;
+  const cudaError_t err = kind == MemKind::kDevice ? cudaMalloc(&p, n) : cudaMallocHost(&p, n);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: clear it so later calls do not see it; the caller gets a Status
+    TANDEM_LOG_DEBUG("cuda:%d: allocating %s of %s memory: %s", index_, human_bytes(bytes).c_str(),
+                     kind == MemKind::kDevice ? "device" : "pinned", cudaGetErrorString(err));
+    return nullptr;
+  }
+  return p;
+}
+
+void CudaBackend::deallocate(void* ptr, size_t bytes, MemKind kind) {
+  if (!ptr) return;
+  if (kind == MemKind::kHost) return host_allocator().deallocate(ptr, bytes, kind);
+  if (!activate()) return;
+  record(kind == MemKind::kDevice ? TANDEM_CUDA_STATUS(cudaFree(ptr)) : TANDEM_CUDA_STATUS(cudaFreeHost(ptr)));
+}
+
+Status CudaBackend::copy(void* dst, const void* src, size_t bytes, CopyKind kind, StreamId stream) {
+  if (bytes == 0) return ok_status();
+  if (!dst || !src) return invalid_argument(strfmt("cuda copy of %zu bytes: null pointer", bytes));
+  if (!valid_stream(stream)) return invalid_argument(strfmt("cuda copy: no stream %d", stream));
+  TANDEM_CUDA_TRY(cudaSetDevice(index_));
+  TANDEM_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, to_cuda(kind), streams_[static_cast<size_t>(stream)].stream));
+  return ok_status();
+}
+
+Status CudaBackend::memset_zero(void* dst, size_t bytes, StreamId stream) {
+  if (bytes == 0) return ok_status();
+  if (!dst) return invalid_argument(strfmt("cuda memset of %zu bytes: null pointer", bytes));
+  if (!valid_stream(stream)) return invalid_argument(strfmt("cuda memset: no stream %d", stream));
+  TANDEM_CUDA_TRY(cudaSetDevice(index_));
+  TANDEM_CUDA_TRY(cudaMemsetAsync(dst, 0, bytes, streams_[static_cast<size_t>(stream)].stream));
+  return ok_status();
+}
+
+// ---- streams and errors ----
+
+Result<StreamId> CudaBackend::create_stream() {
+  TANDEM_CUDA_TRY(cudaSetDevice(index_));
+  TANDEM_TRY(add_stream());
+  return static_cast<StreamId>(streams_.size() - 1);
+}
+
+void CudaBackend::set_stream(StreamId stream) {
+  TANDEM_CHECK_MSG(valid_stream(stream), "cuda: set_stream(%d) of %zu streams", stream, streams_.size());
+  current_ = stream;
+}
+
+Status CudaBackend::synchronize(StreamId stream) {
+  if (!valid_stream(stream)) return invalid_argument(strfmt("cuda synchronize: no stream %d", stream));
+  TANDEM_CUDA_TRY(cudaSetDevice(index_));
+  TANDEM_CUDA_TRY(cudaStreamSynchronize(streams_[static_cast<size_t>(stream)].stream));
+  return std::exchange(pending_, Status());
+}
+
+Status CudaBackend::last_error() {
+  if (!pending_.ok()) return std::exchange(pending_, Status());
+  return TANDEM_CUDA_STATUS(cudaGetLastError());
+}
+
+Result<LinearPath> CudaBackend::linear_path(const LinearArgs& a) {
+  TANDEM_CUDA_TRY(cudaSetDevice(index_));
+  return gemm_->choose(a);
+}
+
+// ---- ops ----
+
+void CudaBackend::embedding(const EmbeddingArgs& a) {
+  expect_gpu(a.out, index_, "embedding", "out");
+  expect_gpu(a.table, index_, "embedding", "table");
+  expect_gpu(a.ids, index_, "embedding", "ids");
+  expect_i32(a.ids, "embedding", "ids");
+  TANDEM_CHECK_MSG(a.table.ndim == 2 && a.out.rows() == a.ids.numel() && a.out.dim(-1) == a.table.dim(1),
+                   "cuda embedding: out %s, table %s, ids %s", a.out.describe().c_str(), a.table.describe().c_str(),
+                   a.ids.describe().c_str());
+  if (activate()) record(launch_embedding(a, cuda_stream(current_)));
+}
+
+void CudaBackend::linear(const LinearArgs& a) {
+  expect_gpu(a.out, index_, "linear", "out");
+  expect_gpu(a.x, index_, "linear", "x");
+  expect_gpu(a.w, index_, "linear", "w");
+  TANDEM_CHECK_MSG(a.w.ndim == 2 && a.x.ndim >= 1 && a.out.ndim >= 1 && a.x.dim(-1) == a.w.dim(1) &&
+                       a.out.dim(-1) == a.w.dim(0) && a.out.rows() == a.x.rows(),
+                   "cuda linear: out %s, x %s, w %s", a.out.describe().c_str(), a.x.describe().c_str(),
+                   a.w.describe().c_str());
+  if (!activate()) return;
+  const StreamState& s = streams_[static_cast<size_t>(current_)];
+  record(gemm_->run(a, s.stream, s.workspace));
+}
+
+void CudaBackend::rms_norm(const RmsNormArgs& a) {
+  expect_gpu(a.out, index_, "rms_norm", "out");
+  expect_gpu(a.x, index_, "rms_norm", "x");
+  TANDEM_CHECK_MSG(a.x.ndim >= 1 && a.out.numel() == a.x.numel() && a.out.dim(-1) == a.x.dim(-1),
+                   "cuda rms_norm: out %s, x %s", a.out.describe().c_str(), a.x.describe().c_str());
+  if (!a.weight.empty()) {
+    expect_gpu(a.weight, index_, "rms_norm", "weight");
+    TANDEM_CHECK_MSG(a.weight.numel() == a.x.dim(-1), "cuda rms_norm: weight %s for x %s",
+                     a.weight.describe().c_str(), a.x.describe().c_str());
+  }
+  if (activate()) record(launch_rms_norm(a, cuda_stream(current_)));
+}
+
+void CudaBackend::rope(const RopeArgs& a) {
+  expect_gpu(a.x, index_, "rope", "x");
+  expect_gpu(a.pos, index_, "rope", "pos");
+  expect_gpu(a.inv_freq, index_, "rope", "inv_freq");
+  expect_i32(a.pos, "rope", "pos");
+  TANDEM_CHECK_MSG(a.x.ndim == 3 && a.x.shape[2] % 2 == 0 && a.pos.numel() == a.x.shape[0] &&
+                       a.inv_freq.dtype == DType::kF32 && a.inv_freq.numel() == a.x.shape[2] / 2,
+                   "cuda rope: x %s, pos %s, inv_freq %s", a.x.describe().c_str(), a.pos.describe().c_str(),
+                   a.inv_freq.describe().c_str());
+  if (activate()) record(launch_rope(a, cuda_stream(current_)));
+}
+
+void CudaBackend::kv_write(const KvWriteArgs& a) {
+  expect_gpu(a.k_new, index_, "kv_write", "k_new");
+  expect_gpu(a.v_new, index_, "kv_write", "v_new");
+  expect_gpu(a.pos, index_, "kv_write", "pos");
+  expect_i32(a.pos, "kv_write", "pos");
+  TANDEM_CHECK_MSG(a.k_new.ndim == 3 && a.k_new.same_shape(a.v_new) && a.pos.numel() == a.k_new.shape[0],
+                   "cuda kv_write: k_new %s, v_new %s, pos %s", a.k_new.describe().c_str(),
+                   a.v_new.describe().c_str(), a.pos.describe().c_str());
+  for (const Tensor* t : {&a.kv.k, &a.kv.v}) {
+    expect_gpu(*t, index_, "kv_write", "kv storage", /*contiguous=*/false);
+    TANDEM_CHECK_MSG(t->ndim == 3 && t->shape[0] == a.k_new.shape[1] && t->shape[2] == a.k_new.shape[2] &&
+                         t->stride[2] == 1 && t->shape[1] == a.kv.k.shape[1],
+                     "cuda kv_write: storage %s for k_new %s", t->describe().c_str(), a.k_new.describe().c_str());
+  }
+  if (activate()) record(launch_kv_write(a, cuda_stream(current_)));
+}
+
+void CudaBackend::gelu_mul(const GeluMulArgs& a) {
+  expect_gpu(a.out, index_, "gelu_mul", "out");
+  expect_gpu(a.gate, index_, "gelu_mul", "gate");
+  expect_gpu(a.up, index_, "gelu_mul", "up");
+  TANDEM_CHECK_MSG(a.out.numel() == a.gate.numel() && a.up.numel() == a.gate.numel(),
+                   "cuda gelu_mul: out %s, gate %s, up %s", a.out.describe().c_str(), a.gate.describe().c_str(),
+                   a.up.describe().c_str());
+  if (activate()) record(launch_gelu_mul(a, cuda_stream(current_)));
+}
+
+void CudaBackend::add(const AddArgs& a) {
+  expect_gpu(a.out, index_, "add", "out");
+  expect_gpu(a.a, index_, "add", "a");
+  expect_gpu(a.b, index_, "add", "b");
+  TANDEM_CHECK_MSG(a.out.numel() == a.a.numel() && a.b.numel() == a.a.numel(), "cuda add: out %s, a %s, b %s",
+                   a.out.describe().c_str(), a.a.describe().c_str(), a.b.describe().c_str());
+  if (activate()) record(launch_add(a, cuda_stream(current_)));
+}
+
+void CudaBackend::scale(const ScaleArgs& a) {
+  expect_gpu(a.x, index_, "scale", "x");
+  if (activate()) record(launch_scale(a, cuda_stream(current_)));
+}
+
+void CudaBackend::softcap(const SoftcapArgs& a) {
+  expect_gpu(a.x, index_, "softcap", "x");
+  TANDEM_CHECK_MSG(a.cap > 0.f, "cuda softcap: cap %g", static_cast<double>(a.cap));
+  if (activate()) record(launch_softcap(a, cuda_stream(current_)));
+}
+
+void CudaBackend::argmax(const ArgmaxArgs& a) {
+  expect_gpu(a.out, index_, "argmax", "out");
+  expect_gpu(a.x, index_, "argmax", "x");
+  expect_i32(a.out, "argmax", "out");
+  TANDEM_CHECK_MSG(a.x.ndim >= 1 && a.x.dim(-1) > 0 && a.out.numel() == a.x.rows(), "cuda argmax: out %s, x %s",
+                   a.out.describe().c_str(), a.x.describe().c_str());
+  if (activate()) record(launch_argmax(a, cuda_stream(current_)));
+}
+
+void CudaBackend::attention(const AttentionArgs&) { not_implemented("attention"); }
+void CudaBackend::moe_route(const MoeRouteArgs&) { not_implemented("moe_route"); }
+void CudaBackend::moe_experts(const MoeExpertsArgs&) { not_implemented("moe_experts"); }
+
+}  // namespace cuda
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(int index) {
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaBackend> b, cuda::CudaBackend::create(index));
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+}  // namespace tandem

@@ -1,0 +1,91 @@
+// The CUDA backend (backend.h) on one GPU: device / pinned memory through the Allocator interface (cudaMalloc,
+// cudaMallocHost; never managed memory), async copies and ops on owned non-blocking streams, and the ops of
+// kernels.h plus linear() through cuBLASLt (gemm.h). Activations are bf16 with f32 accumulation. Ops never abort
+// on a device error or an unsupported dtype/op: the first failure is recorded and returned by last_error() or by
+// the next synchronize(), whichever comes first (each failure is reported once). One host thread drives a
+// backend at a time. This header is internal: model code uses Backend; tests and benches use the extras below.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/gemm.h"
+
+namespace tandem::cuda {
+
+// Number of usable CUDA devices; 0 when there is no driver or no GPU (the tests skip then).
+int device_count();
+
+class CudaBackend final : public Backend {
+ public:
+  static Result<std::unique_ptr<CudaBackend>> create(int index);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  [[nodiscard]] const char* name() const override { return "cuda"; }
+  [[nodiscard]] Device device() const override { return Device{DeviceKind::kCuda, index_}; }
+  [[nodiscard]] DType activation_dtype() const override { return DType::kBF16; }
+  [[nodiscard]] bool supports(Op op, DType weight_dtype) const override;
+
+  // Allocator: kDevice -> cudaMalloc, kPinned -> cudaMallocHost, kHost -> the plain host allocator.
+  void* allocate(size_t bytes, MemKind kind) override;
+  void deallocate(void* ptr, size_t bytes, MemKind kind) override;
+
+  Status copy(void* dst, const void* src, size_t bytes, CopyKind kind, StreamId stream = kDefaultStream) override;
+  Status memset_zero(void* dst, size_t bytes, StreamId stream = kDefaultStream) override;
+  Result<StreamId> create_stream() override;
+  void set_stream(StreamId stream) override;
+  // Waits for `stream`; returns its failure, else the first recorded op failure (then cleared).
+  Status synchronize(StreamId stream = kDefaultStream) override;
+  Status last_error() override;
+
+  void embedding(const EmbeddingArgs& a) override;
+  void linear(const LinearArgs& a) override;
+  void rms_norm(const RmsNormArgs& a) override;
+  void rope(const RopeArgs& a) override;
+  void kv_write(const KvWriteArgs& a) override;
+  void attention(const AttentionArgs& a) override;
+  void gelu_mul(const GeluMulArgs& a) override;
+  void add(const AddArgs& a) override;
+  void scale(const ScaleArgs& a) override;
+  void softcap(const SoftcapArgs& a) override;
+  void argmax(const ArgmaxArgs& a) override;
+  void moe_route(const MoeRouteArgs& a) override;
+  void moe_experts(const MoeExpertsArgs& a) override;
+
+  // CUDA extras (tests, benches, CUDA graphs later).
+  [[nodiscard]] cudaStream_t cuda_stream(StreamId id) const;
+  [[nodiscard]] StreamId current_stream() const { return current_; }
+  // Which implementation linear(a) would use (plans the cuBLASLt call on first use of a shape).
+  Result<LinearPath> linear_path(const LinearArgs& a);
+  [[nodiscard]] size_t gemm_plan_count() const { return gemm_->plan_count(); }
+  [[nodiscard]] const cudaDeviceProp& properties() const { return props_; }
+
+ private:
+  explicit CudaBackend(int index) : index_(index) {}
+  Status init();
+  Status add_stream();
+  // Makes this backend's GPU current for the calling thread; records and returns false on failure.
+  bool activate();
+  // Keeps the first failure until it is reported.
+  void record(Status s);
+  void not_implemented(const char* op);
+  [[nodiscard]] bool valid_stream(StreamId id) const { return id >= 0 && id < static_cast<StreamId>(streams_.size()); }
+
+  struct StreamState {
+    cudaStream_t stream = nullptr;
+    void* workspace = nullptr;  // cuBLASLt workspace, Gemm::kWorkspaceBytes
+  };
+  int index_;
+  cudaDeviceProp props_{};
+  std::vector<StreamState> streams_;
+  StreamId current_ = kDefaultStream;
+  std::unique_ptr<Gemm> gemm_;
+  Status pending_;
+};
+
+}  // namespace tandem::cuda

@@ -1,0 +1,82 @@
+// Device-side helpers shared by the CUDA kernel files: element loads/stores for the float dtypes (math is always
+// f32; stores round to nearest even like PyTorch, spec §1.13), warp/block reductions, and launch geometry.
+// Included only by .cu files.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "tensor/dtype.h"
+
+namespace tandem::cuda {
+
+inline constexpr int kWarp = 32;
+
+// Compile-time element access (templated kernels).
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+
+template <class T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+
+// Run-time element access (memory-bound elementwise kernels, where a uniform branch costs nothing).
+__device__ __forceinline__ float load_f32(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::kF16: return __half2float(static_cast<const __half*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+__device__ __forceinline__ void store_f32(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::kBF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
+    case DType::kF16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
+    default: static_cast<float*>(p)[i] = v; break;
+  }
+}
+
+// Rounds v to the precision of t (identity for f32).
+__device__ __forceinline__ float round_to(DType t, float v) {
+  if (t == DType::kBF16) return __bfloat162float(__float2bfloat16_rn(v));
+  if (t == DType::kF16) return __half2float(__float2half_rn(v));
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float partial[kWarp];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, n_warps = blockDim.x / kWarp;
+  v = warp_sum(v);
+  if (n_warps == 1) return v;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < n_warps ? partial[lane] : 0.f;
+  v = warp_sum(v);
+  __syncthreads();  // partial[] may be reused by a following call
+  return v;
+}
+
+// Blocks for a grid-stride loop over n items with `threads` per block (capped; the loop covers the rest).
+inline unsigned grid_for(int64_t n, int threads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  constexpr int64_t kMaxBlocks = 132 * 32;  // enough to fill an H100/H200 several times over
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,132 @@
+// Elementwise ops and the embedding gather on the GPU: add, scale, softcap (spec §1.11), gelu_mul (GeGLU, spec
+// §1.9), embedding (spec §1.3). Memory-bound grid-stride loops; dtypes are read at run time (f32/bf16/f16), math
+// is f32. Where HF runs a composite op as several bf16 tensor ops (gelu then multiply; divide, tanh, multiply for
+// the soft-cap), a bf16 output rounds each intermediate to bf16 the same way (spec §1.13).
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels.h"
+#include "core/strings.h"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+#define TANDEM_GRID_STRIDE(i, n)                                                                 \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+struct Operand {
+  void* data;
+  DType dtype;
+};
+
+Operand operand(const Tensor& t) { return {t.data, t.dtype}; }
+
+bool is_float(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
+
+__global__ void add_kernel(Operand out, Operand a, Operand b, float b_scale, int64_t n) {
+  TANDEM_GRID_STRIDE(i, n) {
+    store_f32(out.data, out.dtype, i, load_f32(a.data, a.dtype, i) + load_f32(b.data, b.dtype, i) * b_scale);
+  }
+}
+
+__global__ void scale_kernel(Operand x, float s, int64_t n) {
+  TANDEM_GRID_STRIDE(i, n) { store_f32(x.data, x.dtype, i, load_f32(x.data, x.dtype, i) * s); }
+}
+
+__global__ void softcap_kernel(Operand x, float cap, int64_t n) {
+  TANDEM_GRID_STRIDE(i, n) {
+    const float v = round_to(x.dtype, load_f32(x.data, x.dtype, i) / cap);
+    store_f32(x.data, x.dtype, i, round_to(x.dtype, tanhf(v)) * cap);
+  }
+}
+
+// gelu with the tanh approximation, in PyTorch's order of operations.
+__device__ __forceinline__ float gelu_tanh(float x) {
+  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+  constexpr float kKappa = 0.044715f;
+  const float inner = kBeta * (x + kKappa * (x * x * x));
+  return 0.5f * x * (1.f + tanhf(inner));
+}
+
+__global__ void gelu_mul_kernel(Operand out, Operand gate, Operand up, int64_t n) {
+  TANDEM_GRID_STRIDE(i, n) {
+    const float g = round_to(out.dtype, gelu_tanh(load_f32(gate.data, gate.dtype, i)));
+    store_f32(out.data, out.dtype, i, g * load_f32(up.data, up.dtype, i));
+  }
+}
+
+// out[t, d] = table[ids[t], d] * scale. An id outside the table writes NaN rather than reading out of bounds
+// (ids are validated on the host before they get here; this only keeps a bug from corrupting memory).
+__global__ void embedding_kernel(Operand out, Operand table, const int32_t* ids, int64_t n_vocab, int64_t dim,
+                                 float scale, int64_t n) {
+  TANDEM_GRID_STRIDE(i, n) {
+    const int64_t t = i / dim, d = i % dim;
+    const int64_t id = ids[t];
+    const float v = (id >= 0 && id < n_vocab) ? load_f32(table.data, table.dtype, id * dim + d) * scale : __int_as_float(0x7fc00000);
+    store_f32(out.data, out.dtype, i, v);
+  }
+}
+
+Status check_float(const char* op, std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts) {
+    if (!is_float(t->dtype)) return unsupported(strfmt("cuda %s: dtype %s is not a float type", op, dtype_name(t->dtype)));
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Status check_kernel_image() {
+  cudaFuncAttributes attr{};
+  return TANDEM_CUDA_STATUS(cudaFuncGetAttributes(&attr, scale_kernel));
+}
+
+Status launch_add(const AddArgs& a, cudaStream_t stream) {
+  TANDEM_TRY(check_float("add", {&a.out, &a.a, &a.b}));
+  const int64_t n = a.out.numel();
+  if (n == 0) return ok_status();
+  add_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(operand(a.out), operand(a.a), operand(a.b), a.b_scale, n);
+  TANDEM_CUDA_TRY_LAUNCH();
+  return ok_status();
+}
+
+Status launch_scale(const ScaleArgs& a, cudaStream_t stream) {
+  TANDEM_TRY(check_float("scale", {&a.x}));
+  const int64_t n = a.x.numel();
+  if (n == 0) return ok_status();
+  scale_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(operand(a.x), a.s, n);
+  TANDEM_CUDA_TRY_LAUNCH();
+  return ok_status();
+}
+
+Status launch_softcap(const SoftcapArgs& a, cudaStream_t stream) {
+  TANDEM_TRY(check_float("softcap", {&a.x}));
+  const int64_t n = a.x.numel();
+  if (n == 0) return ok_status();
+  softcap_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(operand(a.x), a.cap, n);
+  TANDEM_CUDA_TRY_LAUNCH();
+  return ok_status();
+}
+
+Status launch_gelu_mul(const GeluMulArgs& a, cudaStream_t stream) {
+  TANDEM_TRY(check_float("gelu_mul", {&a.out, &a.gate, &a.up}));
+  const int64_t n = a.out.numel();
+  if (n == 0) return ok_status();
+  gelu_mul_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(operand(a.out), operand(a.gate), operand(a.up), n);
+  TANDEM_CUDA_TRY_LAUNCH();
+  return ok_status();
+}
+
+Status launch_embedding(const EmbeddingArgs& a, cudaStream_t stream) {
+  TANDEM_TRY(check_float("embedding", {&a.out, &a.table}));
+  const int64_t dim = a.table.dim(1), n = a.out.numel();
+  if (n == 0) return ok_status();
+  embedding_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+      operand(a.out), operand(a.table), static_cast<const int32_t*>(a.ids.data), a.table.dim(0), dim, a.scale, n);
+  TANDEM_CUDA_TRY_LAUNCH();
+  return ok_status();
+}
+
+}  // namespace tandem::cuda

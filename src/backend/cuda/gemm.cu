@@ -1,0 +1,186 @@
+// linear() on the GPU: the cuBLASLt path (bf16 x bf16 -> bf16/f32, fp32 accumulation, TN layout) with a plan
+// cache, and the plain fallback kernel for every other shape and dtype (see gemm.h). Numerics: products of bf16
+// are exact in f32 and accumulate in f32 on both paths; the output is rounded once (ops.h, spec §1.13).
+#include "backend/cuda/gemm.h"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels.h"
+#include "core/strings.h"
+
+namespace tandem::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+constexpr int kWarpsPerBlock = 8;
+
+// One warp per output column o; blockIdx.y strides over tokens. Reads w's row once per token (L2 keeps it).
+template <class TW, class TX, class TO>
+__global__ void linear_simple_kernel(TO* out, const TX* x, const TW* w, int64_t n_tok, int64_t n_out, int64_t n_in,
+                                     float alpha, bool accumulate) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t o = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
+  if (o >= n_out) return;  // the whole warp leaves together
+  const TW* wr = w + o * n_in;
+  for (int64_t t = blockIdx.y; t < n_tok; t += gridDim.y) {
+    const TX* xr = x + t * n_in;
+    float acc = 0.f;
+    for (int64_t k = lane; k < n_in; k += kWarp) acc += to_f32(wr[k]) * to_f32(xr[k]);
+    acc = warp_sum(acc);
+    if (lane == 0) {
+      float y = alpha * acc;
+      if (accumulate) y += to_f32(out[t * n_out + o]);
+      out[t * n_out + o] = from_f32<TO>(y);
+    }
+  }
+}
+
+template <class TW, class TX, class TO>
+Status simple_typed(const LinearArgs& a, cudaStream_t stream) {
+  const int64_t n_tok = a.x.rows(), n_out = a.w.dim(0), n_in = a.w.dim(1);
+  const dim3 grid(static_cast<unsigned>((n_out + kWarpsPerBlock - 1) / kWarpsPerBlock),
+                  static_cast<unsigned>(std::min<int64_t>(n_tok, 65535)));
+  linear_simple_kernel<TW, TX, TO><<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(
+      static_cast<TO*>(a.out.data), static_cast<const TX*>(a.x.data), static_cast<const TW*>(a.w.data), n_tok, n_out,
+      n_in, a.alpha, a.accumulate);
+  TANDEM_CUDA_TRY_LAUNCH();
+  return ok_status();
+}
+
+template <class TW, class TX>
+Status simple_out(const LinearArgs& a, cudaStream_t stream) {
+  return a.out.dtype == DType::kBF16 ? simple_typed<TW, TX, bf16>(a, stream) : simple_typed<TW, TX, float>(a, stream);
+}
+
+template <class TW>
+Status simple_x(const LinearArgs& a, cudaStream_t stream) {
+  return a.x.dtype == DType::kBF16 ? simple_out<TW, bf16>(a, stream) : simple_out<TW, float>(a, stream);
+}
+
+bool f32_or_bf16(DType t) { return t == DType::kF32 || t == DType::kBF16; }
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// cuBLASLt takes bf16 operands whose rows (and pointers) are 16-byte aligned: TMA and the tensor-core kernels
+// need it, and heuristics are asked for exactly that alignment.
+bool cublaslt_eligible(const LinearArgs& a) {
+  const int64_t n_out = a.w.dim(0), n_in = a.w.dim(1);
+  if (a.w.dtype != DType::kBF16 || a.x.dtype != DType::kBF16 || !f32_or_bf16(a.out.dtype)) return false;
+  if (a.x.rows() == 0 || n_out == 0 || n_in == 0) return false;
+  const int64_t out_row_bytes = n_out * static_cast<int64_t>(dtype_size(a.out.dtype));
+  return n_in % 8 == 0 && out_row_bytes % 16 == 0 && aligned16(a.w.data) && aligned16(a.x.data) &&
+         aligned16(a.out.data);
+}
+
+}  // namespace
+
+Status launch_linear_simple(const LinearArgs& a, cudaStream_t stream) {
+  if (!f32_or_bf16(a.w.dtype) || !f32_or_bf16(a.x.dtype) || !f32_or_bf16(a.out.dtype))
+    return unsupported(strfmt("cuda linear: w %s, x %s, out %s (f32/bf16 only)", dtype_name(a.w.dtype),
+                              dtype_name(a.x.dtype), dtype_name(a.out.dtype)));
+  if (a.x.rows() == 0 || a.w.dim(0) == 0) return ok_status();
+  return a.w.dtype == DType::kBF16 ? simple_x<bf16>(a, stream) : simple_x<float>(a, stream);
+}
+
+const char* linear_path_name(LinearPath p) {
+  switch (p) {
+    case LinearPath::kCublasLt: return "cublaslt";
+    case LinearPath::kSimple: return "simple";
+    case LinearPath::kUnsupported: return "unsupported";
+  }
+  return "?";
+}
+
+Result<std::unique_ptr<Gemm>> Gemm::create() {
+  cublasLtHandle_t handle = nullptr;
+  TANDEM_CUBLAS_TRY(cublasLtCreate(&handle));
+  return std::unique_ptr<Gemm>(new Gemm(handle));
+}
+
+Gemm::~Gemm() {
+  for (auto& [key, p] : plans_) destroy(p);
+  if (handle_) (void)cublasLtDestroy(handle_);
+}
+
+void Gemm::destroy(Plan& p) {
+  if (p.w) (void)cublasLtMatrixLayoutDestroy(p.w);
+  if (p.x) (void)cublasLtMatrixLayoutDestroy(p.x);
+  if (p.out) (void)cublasLtMatrixLayoutDestroy(p.out);
+  if (p.desc) (void)cublasLtMatmulDescDestroy(p.desc);
+  p = Plan{};
+}
+
+Result<const Gemm::Plan*> Gemm::plan(const Key& key) {
+  if (auto it = plans_.find(key); it != plans_.end()) return &it->second;
+  Plan p;
+  // Row-major out[T, N] = x[T, K] w[N, K]^T is column-major out^T[N, T] = op(W)[N, K] X[K, T] with W stored as a
+  // K x N column-major matrix and transposed: the "TN" layout that cuBLASLt's tensor-core kernels prefer.
+  auto build = [&]() -> Status {
+    TANDEM_CUBLAS_TRY(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
+    TANDEM_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans)));
+    TANDEM_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &no_trans, sizeof(no_trans)));
+    const auto n_tok = static_cast<uint64_t>(key.n_tok), n_out = static_cast<uint64_t>(key.n_out),
+               n_in = static_cast<uint64_t>(key.n_in);
+    const cudaDataType_t out_type = key.out_dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+    TANDEM_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.w, CUDA_R_16BF, n_in, n_out, key.n_in));
+    TANDEM_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.x, CUDA_R_16BF, n_in, n_tok, key.n_in));
+    TANDEM_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.out, out_type, n_out, n_tok, key.n_out));
+
+    cublasLtMatmulPreference_t raw_pref = nullptr;
+    TANDEM_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&raw_pref));
+    const std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, decltype(&cublasLtMatmulPreferenceDestroy)> pref(
+        raw_pref, &cublasLtMatmulPreferenceDestroy);
+    const uint64_t ws = kWorkspaceBytes;
+    TANDEM_CUBLAS_TRY(
+        cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    const uint32_t align = 16;
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+      TANDEM_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(raw_pref, attr, &align, sizeof(align)));
+    }
+    cublasLtMatmulHeuristicResult_t result{};
+    int n_results = 0;
+    const cublasStatus_t hs =
+        cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.w, p.x, p.out, p.out, raw_pref, 1, &result, &n_results);
+    // "Not supported" means no algorithm for this shape: the plan keeps has_algo = false and the plain kernel
+    // runs instead. Anything else is a real failure.
+    if (hs != CUBLAS_STATUS_NOT_SUPPORTED) TANDEM_CUBLAS_TRY(hs);
+    p.has_algo = n_results > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+    if (p.has_algo) p.algo = result.algo;
+    return ok_status();
+  };
+  Status st = build();
+  if (!st.ok()) {
+    destroy(p);
+    return std::move(st).with_context(strfmt("cuda linear plan T=%lld N=%lld K=%lld",
+                                             static_cast<long long>(key.n_tok), static_cast<long long>(key.n_out),
+                                             static_cast<long long>(key.n_in)));
+  }
+  return &plans_.emplace(key, p).first->second;
+}
+
+Result<LinearPath> Gemm::choose(const LinearArgs& a) {
+  if (cublaslt_eligible(a)) {
+    TANDEM_ASSIGN_OR_RETURN(const Plan* p, plan(Key{a.x.rows(), a.w.dim(0), a.w.dim(1), a.out.dtype}));
+    if (p->has_algo) return LinearPath::kCublasLt;
+  }
+  if (f32_or_bf16(a.w.dtype) && f32_or_bf16(a.x.dtype) && f32_or_bf16(a.out.dtype)) return LinearPath::kSimple;
+  return LinearPath::kUnsupported;
+}
+
+Status Gemm::run(const LinearArgs& a, cudaStream_t stream, void* workspace) {
+  TANDEM_ASSIGN_OR_RETURN(const LinearPath path, choose(a));
+  if (path != LinearPath::kCublasLt) return launch_linear_simple(a, stream);
+  TANDEM_ASSIGN_OR_RETURN(const Plan* p, plan(Key{a.x.rows(), a.w.dim(0), a.w.dim(1), a.out.dtype}));
+  const float alpha = a.alpha, beta = a.accumulate ? 1.f : 0.f;  // beta = 0: cuBLASLt never reads out
+  TANDEM_CUBLAS_TRY(cublasLtMatmul(handle_, p->desc, &alpha, a.w.data, p->w, a.x.data, p->x, &beta, a.out.data,
+                                   p->out, a.out.data, p->out, &p->algo, workspace, kWorkspaceBytes, stream));
+  return ok_status();
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,123 @@
+// CUDA linear() parity against ref::linear: the cuBLASLt path (bf16 operands with 16-byte aligned rows) and the
+// plain kernel (odd K or N, misaligned views, f32 operands), with alpha and accumulate, odd token counts, and the
+// per-shape plan cache. Which path ran is asserted, so a silent fallback cannot pass for cuBLASLt.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "core/strings.h"
+#include "cuda/cuda_fixture.h"
+#include "kernels/ref/ref.h"
+
+namespace tandem::testing {
+namespace {
+
+constexpr DType kBF16 = DType::kBF16;
+constexpr DType kF32 = DType::kF32;
+using cuda::LinearPath;
+
+using CudaLinear = CudaTest;
+
+struct Case {
+  int64_t n_in, n_out;
+  DType x, w, out;
+  LinearPath path;
+};
+
+// Runs one linear on random data against the reference; `accumulate` pre-fills out with random values.
+void check_linear(cuda::CudaBackend& be, const Case& c, int64_t n_tok, bool accumulate, uint32_t seed) {
+  SCOPED_TRACE(strfmt("T %lld K %lld N %lld x %s w %s out %s accumulate %d", static_cast<long long>(n_tok),
+                      static_cast<long long>(c.n_in), static_cast<long long>(c.n_out), dtype_name(c.x),
+                      dtype_name(c.w), dtype_name(c.out), accumulate));
+  DeviceTensor x(be, c.x, {n_tok, c.n_in}), w(be, c.w, {c.n_out, c.n_in}), out(be, c.out, {n_tok, c.n_out});
+  fill_random(x.host(), seed);
+  fill_random(w.host(), seed + 1);
+  x.upload();
+  w.upload();
+  HostTensor want(c.out, {n_tok, c.n_out});
+  if (accumulate) {
+    fill_random(out.host(), seed + 2);
+    out.upload();
+    want.copy_from(out.host());
+  } else {
+    out.poison();
+  }
+  const float alpha = accumulate ? 0.5f : 1.f;
+  const LinearArgs args{.out = out, .x = x, .w = w, .alpha = alpha, .accumulate = accumulate};
+  Result<LinearPath> path = be.linear_path(args);
+  ASSERT_TRUE(path.ok()) << path.status().to_string();
+  EXPECT_EQ(*path, c.path) << "path " << cuda::linear_path_name(*path);
+  be.linear(args);
+  out.download();
+  ref::linear({.out = want, .x = x.host(), .w = w.host(), .alpha = alpha, .accumulate = accumulate});
+  expect_close(out.host(), want, tolerance_for(c.out, /*is_linear=*/true));
+}
+
+TEST_F(CudaLinear, MatchesReferenceOnBothPaths) {
+  const Case cases[] = {
+      {1544, 264, kBF16, kBF16, kBF16, LinearPath::kCublasLt},
+      {1544, 264, kBF16, kBF16, kF32, LinearPath::kCublasLt},
+      {1544, 257, kBF16, kBF16, kBF16, LinearPath::kSimple},  // odd N: out rows not 16-byte aligned
+      {1544, 257, kBF16, kBF16, kF32, LinearPath::kSimple},
+      {67, 40, kBF16, kBF16, kBF16, LinearPath::kSimple},  // odd K
+      {67, 40, kF32, kBF16, kF32, LinearPath::kSimple},    // f32 activations (CPU-style)
+      {1544, 264, kF32, kF32, kF32, LinearPath::kSimple},  // f32 weights
+      {1544, 264, kBF16, kF32, kBF16, LinearPath::kSimple},
+  };
+  uint32_t seed = 1;
+  for (const Case& c : cases) {
+    for (int64_t n_tok : {1, 3, 17}) {
+      for (bool accumulate : {false, true}) {
+        check_linear(be(), c, n_tok, accumulate, seed);
+        seed += 3;
+      }
+    }
+  }
+}
+
+TEST_F(CudaLinear, MisalignedViewTakesThePlainKernel) {
+  const int64_t n_tok = 3, n_in = 1544, n_out = 264;
+  DeviceTensor xb(be(), kBF16, {n_tok * n_in + 4}), w(be(), kBF16, {n_out, n_in}), out(be(), kBF16, {n_tok, n_out});
+  fill_random(xb.host(), 9);
+  fill_random(w.host(), 10);
+  xb.upload();
+  w.upload();
+  out.poison();
+  // x starts 8 bytes into its buffer.
+  const Tensor x = Tensor::make(static_cast<uint16_t*>(xb.t().data) + 4, kBF16, {n_tok, n_in}, be().device());
+  const LinearArgs args{.out = out, .x = x, .w = w};
+  Result<LinearPath> path = be().linear_path(args);
+  ASSERT_TRUE(path.ok());
+  EXPECT_EQ(*path, LinearPath::kSimple);
+  be().linear(args);
+  out.download();
+  HostTensor xh(kBF16, {n_tok, n_in}), want(kBF16, {n_tok, n_out});
+  for (int64_t i = 0; i < n_tok * n_in; ++i) xh.set(i, xb.host().get(i + 4));
+  ref::linear({.out = want, .x = xh, .w = w.host()});
+  expect_close(out.host(), want, tolerance_for(kBF16, true));
+}
+
+TEST_F(CudaLinear, BatchedInputAndPlanCache) {
+  DeviceTensor x(be(), kBF16, {2, 29, 1544}), w(be(), kBF16, {264, 1544}), out(be(), kBF16, {2, 29, 264});
+  fill_random(x.host(), 21);
+  fill_random(w.host(), 22);
+  x.upload();
+  w.upload();
+  const LinearArgs args{.out = out, .x = x, .w = w};
+  const size_t before = be().gemm_plan_count();
+  for (int i = 0; i < 3; ++i) {
+    out.poison();
+    be().linear(args);
+  }
+  EXPECT_EQ(be().gemm_plan_count(), before + 1) << "one plan for the shape [58, 1544] x [264, 1544]^T";
+  Result<LinearPath> path = be().linear_path(args);
+  ASSERT_TRUE(path.ok());
+  EXPECT_EQ(*path, LinearPath::kCublasLt);
+  out.download();
+  HostTensor want(kBF16, {2, 29, 264});
+  ref::linear({.out = want, .x = x.host(), .w = w.host()});
+  expect_close(out.host(), want, tolerance_for(kBF16, true));
+}
+
+}  // namespace
+}  // namespace tandem::testing
