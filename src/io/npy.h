@@ -21,6 +21,8 @@ struct NpyArray {
 };
 
 Result<NpyArray> read_npy(const std::string& path);
+// Parses the bytes of a whole .npy file (versions 1.0 and 2.0 read; 1.0 written). `source` names it in errors.
+Result<NpyArray> parse_npy(const uint8_t* bytes, size_t size, const std::string& source);
 Status write_npy(const std::string& path, DType dtype, const std::vector<int64_t>& shape, const void* data);
 
 }  // namespace tandem

@@ -27,7 +27,8 @@ struct TensorInfo {
 
   [[nodiscard]] int64_t numel() const;
   [[nodiscard]] std::string shape_str() const;  // "[262144, 1536]"
-  // A host Tensor view (read-only memory; do not write through it).
+  // A host Tensor view (read-only memory; do not write through it). Requires rank <= kMaxDims: the header
+  // accepts any rank (tower tensors are never viewed), so check shape.size() before viewing unknown tensors.
   [[nodiscard]] Tensor view() const;
 };
 
@@ -53,6 +54,7 @@ class SafetensorsModel {
   [[nodiscard]] uint64_t total_tensor_bytes() const;
 
  private:
+  friend struct SafetensorsLoader;  // safetensors.cc: fills the members while opening
   std::vector<std::unique_ptr<MappedFile>> maps_;
   std::vector<std::string> files_;
   std::vector<TensorInfo> tensors_;
