@@ -29,7 +29,8 @@ enum class RopeKind : uint8_t { kDefault, kProportional };
 struct RopeSpec {
   RopeKind kind = RopeKind::kDefault;
   double theta = 10000.0;
-  double partial_rotary_factor = 1.0;
+  double partial_rotary_factor = 1.0;  // kProportional only (HF's default RoPE ignores it; parsed as 1.0)
+  double factor = 1.0;                 // kProportional only: inverse frequencies are divided by it (HF)
   // Inverse frequencies for a head of `head_dim`: head_dim/2 entries, zero for the unrotated pairs of
   // proportional RoPE. Frequencies use the full head_dim as denominator (spec §1.7), computed in f32 like HF.
   [[nodiscard]] std::vector<float> inv_freq(int head_dim) const;
@@ -44,7 +45,8 @@ struct LayerSpec {
   int window = 0;              // sliding window W for sliding layers, 0 for full layers
   bool k_eq_v = false;         // values are the raw k_proj output (full layers with attention_k_eq_v)
   bool owns_kv = true;         // false for KV-shared layers (they own no k/v weights and no cache)
-  int kv_source = 0;           // layer whose K/V this layer attends with (itself when owns_kv)
+  int kv_source = 0;           // layer whose K/V this layer attends with (itself when owns_kv); -1 in an
+                               // assistant, whose layers read the target's shared K/V of their type (spec §4.4)
   bool publishes_shared_kv = false;  // last KV-owning layer of its type: its K/V is what the drafter reads
   int d_ff = 0;                // dense MLP width (double-wide already resolved)
   bool moe = false;            // MoE block beside the dense MLP (26B-A4B)
@@ -107,5 +109,8 @@ struct ModelConfig {
 Result<ModelConfig> parse_model_config(std::string_view config_json, const std::string& source);
 // Reads <dir>/config.json and, if present, <dir>/generation_config.json (extra EOS ids).
 Result<ModelConfig> load_model_config(const std::string& dir);
+// Checks that an assistant can draft for a target: backbone width, vocabulary, and per attention type the
+// head dim, KV-head count and RoPE of the target layer whose K/V it reads. Lists every mismatch.
+Status check_assistant_compatible(const ModelConfig& target, const ModelConfig& assistant);
 
 }  // namespace tandem

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
@@ -85,7 +86,13 @@ using TensorVisitor = std::function<void(const std::string& hf_name, Tensor& t)>
 void for_each_tensor(const ModelConfig& cfg, TargetWeights& w, const TensorVisitor& fn);
 void for_each_tensor(const ModelConfig& cfg, AssistantWeights& w, const TensorVisitor& fn);
 
-// Binds the checkpoint's tensors. Fails with a message naming every missing or misshaped tensor.
+// True for tensors of the multimodal towers a text-only engine skips (model.vision_tower., model.audio_tower.,
+// model.embed_vision., model.embed_audio.; spec §3.3).
+[[nodiscard]] bool is_multimodal_tower_tensor(std::string_view hf_name);
+
+// Binds the checkpoint's tensors. Fails with a message naming every missing, misshaped, wrongly typed and
+// unexpected tensor (the first 200 of them). Known extras are skipped: the multimodal towers, the k/v weights of
+// KV-shared layers, lm_head.weight when tied. An assistant's token_ordering is checked to be a permutation.
 Result<TargetWeights> bind_target_weights(const ModelConfig& cfg, const SafetensorsModel& st);
 Result<AssistantWeights> bind_assistant_weights(const ModelConfig& cfg, const SafetensorsModel& st);
 
