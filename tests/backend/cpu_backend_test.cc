@@ -50,7 +50,10 @@ TEST(CpuBackend, Linear) {
     for (int64_t n_out : {13, 517})
       for (int64_t n_tok : {1, 3, 9}) cases.push_back({n_in, n_out, n_tok});
   for (int64_t n_in : {1, 5, 16, 17, 33}) cases.push_back({n_in, 6, 2});
-  cases.push_back({67, 13, 70});  // more tokens than one chunk of the tiled path
+  cases.push_back({1543, 517, 2});  // the two-token kernel, and token groups of 4 + remainders
+  cases.push_back({1000, 13, 8});
+  cases.push_back({67, 517, 5});
+  cases.push_back({67, 13, 70});  // more tokens than one chunk (64)
   for (auto& be : backends()) {
     for (DType wt : kWeightTypes) {
       for (const Case& c : cases) {
@@ -355,7 +358,9 @@ TEST(BackendRegistry, ParsesDeviceStrings) {
   for (const char* bad : {"", "gpu", "cuda:", "cuda:x", "cuda:-1", "cuda:1x", "CPU"})
     EXPECT_EQ(make_backend(bad).status().code(), StatusCode::kInvalidArgument) << bad;
   auto cuda = make_backend("cuda:0");  // a GPU backend, or a clear "unsupported" without CUDA / without a GPU
-  if (!cuda.ok()) EXPECT_NE(cuda.status().message(), "");
+  if (!cuda.ok()) {
+    EXPECT_NE(cuda.status().message(), "");
+  }
 }
 
 TEST(BackendRegistry, OpNamesAreDistinct) {

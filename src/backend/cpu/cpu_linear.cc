@@ -1,6 +1,6 @@
 // CPU linear (x @ w^T with bf16/f16/f32 weights, f32 activations, f32 FMA) and the MoE experts (spec §1.10).
-// Threads split the output rows; within a thread the SIMD kernels (simd_impl.inc) stream the weights once per call
-// for one token, or convert each small tile of rows to f32 once and reuse it for every token of a verify/prefill.
+// Threads split the output rows; within a thread the SIMD kernels (simd_impl.inc) convert each block of weight
+// rows in registers and reuse it for every token, so a verify of 8 tokens reads the weights about once.
 #include <omp.h>
 
 #include <algorithm>
@@ -15,25 +15,20 @@ void CpuBackend::run_linear(const LinearJob& job, int64_t n_out) {
   if (n_out == 0 || job.n_tok == 0) return;
   // Below ~64K multiply-adds a parallel region costs more than it saves.
   const int64_t work = n_out * job.n_in * job.n_tok;
-  const int64_t tiles = (n_out + kLinearTileRows - 1) / kLinearTileRows;
-  const int n_threads = work < 65536 ? 1 : static_cast<int>(std::min<int64_t>(threads_, tiles));
-  const auto run = [&](int64_t rb, int64_t re) {
-    thread_local std::vector<float> scratch;
-    const size_t need = static_cast<size_t>(kLinearTileRows * job.n_in);
-    if (scratch.size() < need) scratch.resize(need);
-    simd_.linear_rows(&job, rb, re, scratch.data());
-  };
+  constexpr int64_t kGrain = 16;  // rows per unit of the split: a multiple of every kernel's row block
+  const int64_t units = (n_out + kGrain - 1) / kGrain;
+  const int n_threads = work < 65536 ? 1 : static_cast<int>(std::min<int64_t>(threads_, units));
   if (n_threads == 1) {
-    run(0, n_out);
+    simd_.linear_rows(&job, 0, n_out);
     return;
   }
 #pragma omp parallel num_threads(n_threads)
   {
     const int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();
-    // Contiguous ranges of whole tiles, as equal as possible.
-    const int64_t tb = tiles * tid / nt, te = tiles * (tid + 1) / nt;
-    const int64_t rb = tb * kLinearTileRows, re = std::min(n_out, te * kLinearTileRows);
-    if (rb < re) run(rb, re);
+    // Contiguous ranges of whole units, as equal as possible.
+    const int64_t ub = units * tid / nt, ue = units * (tid + 1) / nt;
+    const int64_t rb = ub * kGrain, re = std::min(n_out, ue * kGrain);
+    if (rb < re) simd_.linear_rows(&job, rb, re);
   }
 }
 

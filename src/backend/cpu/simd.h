@@ -27,13 +27,10 @@ struct LinearJob {
   bool accumulate = false;
 };
 
-// Rows of a weight tile converted once and reused across every token of a multi-token linear.
-inline constexpr int64_t kLinearTileRows = 4;
-
 struct SimdOps {
   const char* name;
-  // Rows [row_begin, row_end) of job->out. scratch: kLinearTileRows * n_in floats owned by the calling thread.
-  void (*linear_rows)(const LinearJob* job, int64_t row_begin, int64_t row_end, float* scratch);
+  // Rows [row_begin, row_end) of job->out, every token. Row ranges of different threads must not overlap.
+  void (*linear_rows)(const LinearJob* job, int64_t row_begin, int64_t row_end);
   // sum_i a[i] * b[i], b of type btype.
   float (*dot)(const float* a, const void* b, int btype, int64_t n);
   // y[i] += s * x[i], x of type xtype.

@@ -11,6 +11,9 @@ struct V {
   using T = __m256;
   static constexpr int64_t kLanes = 8;
   static constexpr int kTokBlock = 2;  // 4 rows x 2 tokens = 8 accumulators of the 16 ymm registers
+  static constexpr int kRowsOneToken = 8;
+  static constexpr int kRowsTwoTokens = 4;
+  static constexpr int kRowsManyTokens = 4;
   static T zero() { return _mm256_setzero_ps(); }
   static T set1(float f) { return _mm256_set1_ps(f); }
   static T load(const float* p) { return _mm256_loadu_ps(p); }
@@ -22,6 +25,7 @@ struct V {
   static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
   static T fmadd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
   static T add(T a, T b) { return _mm256_add_ps(a, b); }
+  static void keep(T& v) { __asm__("" : "+v"(v)); }  // pins v in a register (see block_kernel)
   static float hsum(T v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

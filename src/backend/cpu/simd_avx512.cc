@@ -11,6 +11,9 @@ struct V {
   using T = __m512;
   static constexpr int64_t kLanes = 16;
   static constexpr int kTokBlock = 4;  // 4 rows x 4 tokens = 16 accumulators of the 32 zmm registers
+  static constexpr int kRowsOneToken = 8;
+  static constexpr int kRowsTwoTokens = 8;
+  static constexpr int kRowsManyTokens = 4;
   static T zero() { return _mm512_setzero_ps(); }
   static T set1(float f) { return _mm512_set1_ps(f); }
   static T load(const float* p) { return _mm512_loadu_ps(p); }
@@ -24,6 +27,7 @@ struct V {
   static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
   static T fmadd(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
   static T add(T a, T b) { return _mm512_add_ps(a, b); }
+  static void keep(T& v) { __asm__("" : "+v"(v)); }  // pins v in a register (see block_kernel)
   static float hsum(T v) { return _mm512_reduce_add_ps(v); }
 };
 

@@ -11,6 +11,9 @@ struct V {
   using T = float;
   static constexpr int64_t kLanes = 1;
   static constexpr int kTokBlock = 4;
+  static constexpr int kRowsOneToken = 4;
+  static constexpr int kRowsTwoTokens = 4;
+  static constexpr int kRowsManyTokens = 4;
   static T zero() { return 0.f; }
   static T set1(float f) { return f; }
   static T load(const float* p) { return *p; }
@@ -25,6 +28,7 @@ struct V {
   static T fmadd(T a, T b, T c) { return a * b + c; }
   static T add(T a, T b) { return a + b; }
   static float hsum(T v) { return v; }
+  static void keep(T&) {}
 };
 
 #include "backend/cpu/simd_impl.inc"
