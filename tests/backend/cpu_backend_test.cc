@@ -189,7 +189,7 @@ TEST(CpuBackend, Attention) {
   struct Case {
     int64_t n_heads, n_kv, head_dim, n_tok;
   };
-  const Case cases[] = {{1, 1, 4, 1}, {4, 2, 67, 3}, {8, 1, 256, 1}, {3, 3, 16, 9}, {8, 2, 512, 2}};
+  const Case cases[] = {{1, 1, 4, 1}, {4, 2, 67, 3}, {8, 1, 256, 1}, {3, 3, 16, 9}, {8, 2, 512, 2}, {3, 1, 16, 1}};
   for (auto& be : backends()) {
     for (const Case& c : cases) {
       for (DType dt : {DType::kF32, DType::kBF16}) {

@@ -1,6 +1,6 @@
 // CPU attention (spec §1.6: GQA, causal + sliding-window mask, f32 softmax, scale) and the KV writes into full or
-// ring storage. The visible keys of a query always form one position range [lo, hi), so there is no mask tensor;
-// each (token, head) pair is one work item: vector dot products over the keys, softmax, then a weighted sum of V.
+// ring storage. The visible keys of a query always form one position range [lo, hi), so there is no mask tensor.
+// The query heads that share a KV head are processed together, so each K/V row is read once for all of them.
 #include <omp.h>
 
 #include <algorithm>
@@ -83,41 +83,55 @@ void CpuBackend::attention(const AttentionArgs& a) {
   TANDEM_CHECK(a.q_pos.numel() == n_tok && a.window >= 0);
   const int64_t group = n_heads / n_kv;
   const int ktype = simd_type(kv.k.dtype), vtype = simd_type(kv.v.dtype);
+  // Work item = (token, kv head, slice of that kv head's query heads): each K/V row is loaded once per item and
+  // used by every query head of the slice. Groups are sliced only when there are fewer (token, kv head) pairs
+  // than threads (decode with one kv head).
+  int64_t n_split = 1;
+  if (n_tok * n_kv < threads_) n_split = std::min<int64_t>(group, (threads_ + n_tok * n_kv - 1) / (n_tok * n_kv));
+  const int64_t per_item = (group + n_split - 1) / n_split;
+  n_split = (group + per_item - 1) / per_item;
+  const int64_t items = n_tok * n_kv * n_split;
   const int64_t work = n_tok * n_heads * std::max<int64_t>(kv.end - kv.begin, 1) * head_dim;
 
-#pragma omp parallel num_threads(threads_) if (n_tok * n_heads > 1 && work > 65536)
+#pragma omp parallel num_threads(threads_) if (items > 1 && work > 65536)
   {
-    std::vector<float> score;
-    std::vector<float> acc(static_cast<size_t>(head_dim));
-#pragma omp for collapse(2) schedule(dynamic, 1)
-    for (int64_t t = 0; t < n_tok; ++t) {
-      for (int64_t h = 0; h < n_heads; ++h) {
-        const int64_t qp = a.q_pos.ptr<int32_t>()[t], kvh = h / group;
-        int64_t lo = kv.begin, hi = kv.end;  // visible keys: [lo, hi)
-        if (a.causal) hi = std::min(hi, qp + 1);
-        if (a.window > 0) lo = std::max(lo, qp - a.window + 1);
-        const float* q = a.q.ptr<float>() + (t * n_heads + h) * head_dim;
-        float* out = a.out.ptr<float>() + (t * n_heads + h) * head_dim;  // may alias q: written last
-        if (lo >= hi) {
-          std::fill(out, out + head_dim, 0.f);  // no visible key: zeros, never 0/0
-          continue;
-        }
-        score.resize(static_cast<size_t>(hi - lo));
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t k = lo; k < hi; ++k) {
-          const float s = simd_.dot(q, kv_row(kv.k, kvh, kv.slot(k)), ktype, head_dim) * a.scale;
-          score[k - lo] = s;
-          mx = std::max(mx, s);
-        }
-        float denom = 0;
-        for (float& s : score) {
-          s = std::exp(s - mx);
-          denom += s;
-        }
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t k = lo; k < hi; ++k) simd_.axpy(acc.data(), score[k - lo], kv_row(kv.v, kvh, kv.slot(k)), vtype, head_dim);
-        for (int64_t d = 0; d < head_dim; ++d) out[d] = acc[d] / denom;
+    std::vector<float> score, acc, denom;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t t = item / (n_kv * n_split), kvh = item / n_split % n_kv, split = item % n_split;
+      const int64_t h0 = kvh * group + split * per_item, nh = std::min(per_item, (kvh + 1) * group - h0);
+      const int64_t qp = a.q_pos.ptr<int32_t>()[t];
+      int64_t lo = kv.begin, hi = kv.end;  // visible keys: [lo, hi)
+      if (a.causal) hi = std::min(hi, qp + 1);
+      if (a.window > 0) lo = std::max(lo, qp - a.window + 1);
+      const float* q = a.q.ptr<float>() + (t * n_heads + h0) * head_dim;
+      float* out = a.out.ptr<float>() + (t * n_heads + h0) * head_dim;  // may alias q: written last
+      if (lo >= hi) {
+        std::fill(out, out + nh * head_dim, 0.f);  // no visible key: zeros, never 0/0
+        continue;
       }
+      const int64_t nk = hi - lo;
+      score.resize(static_cast<size_t>(nh * nk));
+      for (int64_t k = lo; k < hi; ++k) {
+        const void* krow = kv_row(kv.k, kvh, kv.slot(k));
+        for (int64_t h = 0; h < nh; ++h) score[h * nk + k - lo] = simd_.dot(q + h * head_dim, krow, ktype, head_dim) * a.scale;
+      }
+      denom.assign(static_cast<size_t>(nh), 0.f);
+      for (int64_t h = 0; h < nh; ++h) {  // softmax numerators in f32, the row maximum subtracted
+        float* s = score.data() + h * nk;
+        const float mx = *std::max_element(s, s + nk);
+        for (int64_t i = 0; i < nk; ++i) {
+          s[i] = std::exp(s[i] - mx);
+          denom[h] += s[i];
+        }
+      }
+      acc.assign(static_cast<size_t>(nh * head_dim), 0.f);
+      for (int64_t k = lo; k < hi; ++k) {
+        const void* vrow = kv_row(kv.v, kvh, kv.slot(k));
+        for (int64_t h = 0; h < nh; ++h) simd_.axpy(acc.data() + h * head_dim, score[h * nk + k - lo], vrow, vtype, head_dim);
+      }
+      for (int64_t h = 0; h < nh; ++h)
+        for (int64_t d = 0; d < head_dim; ++d) out[h * head_dim + d] = acc[h * head_dim + d] / denom[h];
     }
   }
 }
