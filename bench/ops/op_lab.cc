@@ -131,7 +131,7 @@ double bandwidth(Report& rep, const cpu::SimdOps& simd, int threads, size_t byte
 }
 
 // Checks rows [0, 64) of a linear against the reference; aborts the lab on a mismatch.
-void check_linear(Backend& be, const Tensor& w, const Tensor& x) {
+void check_linear(cpu::CpuBackend& be, const Tensor& w, const Tensor& x) {
   const int64_t rows = std::min<int64_t>(64, w.shape[0]), n_tok = x.shape[0];
   Tensor ws = w.slice(0, rows);
   Buffer a = host_buffer(n_tok * rows * 4), b = host_buffer(n_tok * rows * 4);
@@ -148,7 +148,7 @@ void check_linear(Backend& be, const Tensor& w, const Tensor& x) {
 
 // Times a linear [T, n_in] x [n_out, n_in]^T (bf16 weights) for T in tokens. Cycles through enough copies of the
 // weight to exceed the last-level cache, so every call streams its weights from memory as a decode step does.
-void bench_linear(Report& rep, Backend& be, const char* label, int64_t n_out, int64_t n_in, double floor_gbs,
+void bench_linear(Report& rep, cpu::CpuBackend& be, const char* label, int64_t n_out, int64_t n_in, double floor_gbs,
                   size_t llc_bytes, int reps) {
   const size_t wbytes = static_cast<size_t>(n_out * n_in * 2);
   const int copies = static_cast<int>(std::max<size_t>(1, std::min<size_t>(16, 4 * llc_bytes / wbytes + 1)));
@@ -159,12 +159,13 @@ void bench_linear(Report& rep, Backend& be, const char* label, int64_t n_out, in
     w.push_back(wb.back().view(DType::kBF16, {n_out, n_in}));
     fill_random_bf16(w.back(), static_cast<uint32_t>(c + 1));
   }
-  Buffer xb = host_buffer(8 * n_in * 4), ob = host_buffer(8 * n_out * 4);
+  constexpr int64_t kMaxTok = 64;
+  Buffer xb = host_buffer(kMaxTok * n_in * 4), ob = host_buffer(kMaxTok * n_out * 4);
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> d(-1.f, 1.f);
-  for (int64_t i = 0; i < 8 * n_in; ++i) static_cast<float*>(xb.data())[i] = d(rng);
+  for (int64_t i = 0; i < kMaxTok * n_in; ++i) static_cast<float*>(xb.data())[i] = d(rng);
   double t1 = 0;
-  for (int64_t T : {1, 2, 4, 8}) {
+  for (int64_t T : {int64_t{1}, int64_t{2}, int64_t{4}, int64_t{8}, kMaxTok}) {
     Tensor x = xb.view(DType::kF32, {T, n_in}), out = ob.view(DType::kF32, {T, n_out});
     check_linear(be, w[0], x);
     int next = 0;
@@ -177,12 +178,12 @@ void bench_linear(Report& rep, Backend& be, const char* label, int64_t n_out, in
     rep.add(strfmt("linear %s [%lld, %lld] x [%lld, %lld]^T bf16 (%s, %d cold copies): %.3f ms, %.1f GB/s = %.2fx the "
                    "read floor (%.3f ms), %.2fx the 1-token time, %.1f GFLOP/s",
                    label, static_cast<long long>(T), static_cast<long long>(n_in), static_cast<long long>(n_out),
-                   static_cast<long long>(n_in), be.name(), copies, t * 1e3, gbs, t / (wbytes / (floor_gbs * 1e9)),
+                   static_cast<long long>(n_in), be.summary().c_str(), copies, t * 1e3, gbs, t / (wbytes / (floor_gbs * 1e9)),
                    wbytes / (floor_gbs * 1e6), t / t1, 2.0 * T * n_out * n_in / t / 1e9));
   }
 }
 
-void bench_attention(Report& rep, Backend& be, int64_t ctx, int reps) {
+void bench_attention(Report& rep, cpu::CpuBackend& be, int64_t ctx, int reps) {
   const int64_t n_heads = 8, n_kv = 1, hd = 256;
   Buffer kb = host_buffer(n_kv * ctx * hd * 4), vb = host_buffer(n_kv * ctx * hd * 4);
   Buffer qb = host_buffer(n_heads * hd * 4), ob = host_buffer(n_heads * hd * 4), pb = host_buffer(4);
@@ -197,7 +198,7 @@ void bench_attention(Report& rep, Backend& be, int64_t ctx, int reps) {
   const double bytes = 2.0 * n_kv * ctx * hd * 4;
   rep.add(strfmt("attention decode 8 q heads / 1 kv head, head_dim 256, context %lld, f32 KV (%s): %.3f ms, %.1f GB/s "
                  "of K/V",
-                 static_cast<long long>(ctx), be.name(), t * 1e3, bytes / t / 1e9));
+                 static_cast<long long>(ctx), be.summary().c_str(), t * 1e3, bytes / t / 1e9));
 }
 
 }  // namespace
@@ -228,7 +229,7 @@ int main(int argc, char** argv) {
   }
   auto& be = static_cast<cpu::CpuBackend&>(**be_or);
   if (quick) reps = std::min(reps, 5);
-  std::printf("machine: %s; backend: %s\n", machine().c_str(), be.name());
+  std::printf("machine: %s; backend: %s\n", machine().c_str(), be.summary().c_str());
   const size_t llc = 32u << 20;
   const double floor_gbs = bandwidth(rep, be.simd(), be.threads(), quick ? (256u << 20) : (1024u << 20));
   bench_linear(rep, be, "q/gate/up-like", 6144, 1536, floor_gbs, llc, reps);

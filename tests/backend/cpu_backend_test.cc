@@ -31,11 +31,14 @@ std::vector<std::unique_ptr<Backend>> backends() {
   return out;
 }
 
+std::string isa_of(Backend& be) { return static_cast<cpu::CpuBackend&>(be).summary(); }
+
 TEST(CpuBackend, HasAtLeastTheScalarKernels) {
   auto all = backends();
   ASSERT_FALSE(all.empty());
   EXPECT_EQ(make_cpu_backend_with({.isa = "no-such-isa"}).status().code(), StatusCode::kUnsupported);
   auto best = make_cpu_backend();
+  EXPECT_STREQ(best->name(), "cpu");
   EXPECT_EQ(best->activation_dtype(), DType::kF32);
   EXPECT_TRUE(best->supports(Op::kLinear, DType::kBF16));
   EXPECT_FALSE(best->supports(Op::kLinear, DType::kI32));
@@ -57,7 +60,7 @@ TEST(CpuBackend, Linear) {
   for (auto& be : backends()) {
     for (DType wt : kWeightTypes) {
       for (const Case& c : cases) {
-        SCOPED_TRACE(std::string(be->name()) + " w " + dtype_name(wt) + " n_in " + std::to_string(c.n_in) +
+        SCOPED_TRACE(isa_of(*be) + " w " + dtype_name(wt) + " n_in " + std::to_string(c.n_in) +
                      " n_out " + std::to_string(c.n_out) + " tokens " + std::to_string(c.n_tok));
         std::mt19937 rng(static_cast<unsigned>(c.n_in * 31 + c.n_out * 7 + c.n_tok));
         HostTensor x(kF32, {c.n_tok, c.n_in}), w(wt, {c.n_out, c.n_in});
@@ -84,7 +87,7 @@ TEST(CpuBackend, Linear) {
 TEST(CpuBackend, Embedding) {
   for (auto& be : backends()) {
     for (DType wt : kWeightTypes) {
-      SCOPED_TRACE(std::string(be->name()) + " " + dtype_name(wt));
+      SCOPED_TRACE(isa_of(*be) + " " + dtype_name(wt));
       std::mt19937 rng(11);
       HostTensor table(wt, {37, 67});
       table.fill_uniform(rng, -1, 1);
@@ -103,7 +106,7 @@ TEST(CpuBackend, RmsNorm) {
     for (int64_t dim : {1, 7, 256, 1543}) {
       for (int64_t rows : {1, 3, 9}) {
         for (int wi = 0; wi < 4; ++wi) {  // bf16, f16, f32 weights, then weightless
-          SCOPED_TRACE(std::string(be->name()) + " dim " + std::to_string(dim) + " rows " + std::to_string(rows) +
+          SCOPED_TRACE(isa_of(*be) + " dim " + std::to_string(dim) + " rows " + std::to_string(rows) +
                        " weight " + std::to_string(wi));
           std::mt19937 rng(static_cast<unsigned>(dim + rows + wi));
           HostTensor x(kF32, {rows, dim}), w(wi < 3 ? kWeightTypes[wi] : kF32, {dim});
@@ -128,7 +131,7 @@ TEST(CpuBackend, Rope) {
     for (int64_t head_dim : {2, 6, 66, 512}) {
       for (int64_t n_tok : {1, 3, 9}) {
         const int64_t n_heads = 3, half = head_dim / 2;
-        SCOPED_TRACE(std::string(be->name()) + " head_dim " + std::to_string(head_dim) + " tokens " +
+        SCOPED_TRACE(isa_of(*be) + " head_dim " + std::to_string(head_dim) + " tokens " +
                      std::to_string(n_tok));
         std::mt19937 rng(static_cast<unsigned>(head_dim * 13 + n_tok));
         HostTensor x(kF32, {n_tok, n_heads, head_dim}), inv(kF32, {half}), pos(kI32, {n_tok});
@@ -164,7 +167,7 @@ TEST(CpuBackend, KvWrite) {
   for (auto& be : backends()) {
     for (DType dt : {DType::kF32, DType::kBF16}) {
       for (bool ring : {false, true}) {
-        SCOPED_TRACE(std::string(be->name()) + " " + dtype_name(dt) + (ring ? " ring" : " full"));
+        SCOPED_TRACE(isa_of(*be) + " " + dtype_name(dt) + (ring ? " ring" : " full"));
         const int64_t n_kv = 2, cap = 11, hd = 67, n_tok = 9;
         std::mt19937 rng(static_cast<unsigned>(ring));
         KvStore want(dt, n_kv, cap, hd, ring, 3), got(dt, n_kv, cap, hd, ring, 3);
@@ -196,7 +199,7 @@ TEST(CpuBackend, Attention) {
         for (bool ring : {false, true}) {
           for (int64_t window : {0, 1, 5}) {
             for (bool causal : {true, false}) {
-              SCOPED_TRACE(std::string(be->name()) + " heads " + std::to_string(c.n_heads) + "/" +
+              SCOPED_TRACE(isa_of(*be) + " heads " + std::to_string(c.n_heads) + "/" +
                            std::to_string(c.n_kv) + " hd " + std::to_string(c.head_dim) + " tokens " +
                            std::to_string(c.n_tok) + " " + dtype_name(dt) + (ring ? " ring" : " full") +
                            " window " + std::to_string(window) + (causal ? " causal" : " bidirectional"));
@@ -238,7 +241,7 @@ TEST(CpuBackend, Attention) {
 TEST(CpuBackend, Elementwise) {
   for (auto& be : backends()) {
     for (int64_t n : {1, 13, 1003}) {
-      SCOPED_TRACE(std::string(be->name()) + " n " + std::to_string(n));
+      SCOPED_TRACE(isa_of(*be) + " n " + std::to_string(n));
       std::mt19937 rng(static_cast<unsigned>(n));
       HostTensor g(kF32, {n}), u(kF32, {n}), want(kF32, {n}), got(kF32, {n});
       g.fill_uniform(rng, -6, 6);
@@ -276,7 +279,7 @@ TEST(CpuBackend, Argmax) {
   for (auto& be : backends()) {
     for (int64_t n : {1, 13, 262147}) {
       for (int64_t rows : {1, 3}) {
-        SCOPED_TRACE(std::string(be->name()) + " n " + std::to_string(n) + " rows " + std::to_string(rows));
+        SCOPED_TRACE(isa_of(*be) + " n " + std::to_string(n) + " rows " + std::to_string(rows));
         std::mt19937 rng(static_cast<unsigned>(n + rows));
         HostTensor x(kF32, {rows, n});
         x.fill_uniform(rng, -1, 1);
@@ -303,7 +306,7 @@ TEST(CpuBackend, MoeRoute) {
     for (int64_t n_exp : {16, 128}) {
       for (int k : {1, 8}) {
         for (int64_t n_tok : {1, 3, 9}) {
-          SCOPED_TRACE(std::string(be->name()) + " experts " + std::to_string(n_exp) + " k " + std::to_string(k) +
+          SCOPED_TRACE(isa_of(*be) + " experts " + std::to_string(n_exp) + " k " + std::to_string(k) +
                        " tokens " + std::to_string(n_tok));
           std::mt19937 rng(static_cast<unsigned>(n_exp + k + n_tok));
           HostTensor logits(kF32, {n_tok, n_exp}), pes(DType::kBF16, {n_exp});
@@ -329,7 +332,7 @@ TEST(CpuBackend, MoeExperts) {
     for (DType wt : kWeightTypes) {
       for (int64_t n_tok : {1, 3, 9}) {
         for (int64_t k : {1, 3}) {
-          SCOPED_TRACE(std::string(be->name()) + " " + dtype_name(wt) + " tokens " + std::to_string(n_tok) +
+          SCOPED_TRACE(isa_of(*be) + " " + dtype_name(wt) + " tokens " + std::to_string(n_tok) +
                        " k " + std::to_string(k));
           std::mt19937 rng(static_cast<unsigned>(n_tok * 3 + k));
           HostTensor gate_up(wt, {n_exp, 2 * d_ff, d_model}), down(wt, {n_exp, d_model, d_ff});

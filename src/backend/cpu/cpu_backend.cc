@@ -37,7 +37,7 @@ float gelu_tanh_f32(float x) {
 
 CpuBackend::CpuBackend(int threads, const SimdOps& simd)
     : threads_(threads > 0 ? threads : omp_get_max_threads()), simd_(simd) {
-  name_ = strfmt("cpu (%s, %d threads)", simd_.name, threads_);
+  summary_ = strfmt("cpu (%s, %d threads)", simd_.name, threads_);
 }
 
 bool CpuBackend::supports(Op op, DType weight_dtype) const {

@@ -26,7 +26,7 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend(int threads, const SimdOps& simd);
 
-  [[nodiscard]] const char* name() const override { return name_.c_str(); }
+  [[nodiscard]] const char* name() const override { return "cpu"; }
   [[nodiscard]] Device device() const override { return Device{}; }
   [[nodiscard]] DType activation_dtype() const override { return DType::kF32; }
   [[nodiscard]] bool supports(Op op, DType weight_dtype) const override;
@@ -55,6 +55,8 @@ class CpuBackend final : public Backend {
   void moe_route(const MoeRouteArgs& a) override;
   void moe_experts(const MoeExpertsArgs& a) override;
 
+  // "cpu (avx512, 2 threads)": the kernels and thread count in use, for logs and benchmarks.
+  [[nodiscard]] const std::string& summary() const { return summary_; }
   [[nodiscard]] int threads() const { return threads_; }
   [[nodiscard]] const SimdOps& simd() const { return simd_; }
 
@@ -64,7 +66,7 @@ class CpuBackend final : public Backend {
 
   int threads_;
   const SimdOps& simd_;
-  std::string name_;
+  std::string summary_;
   StreamId next_stream_ = 1;
   StreamId stream_ = kDefaultStream;
   // moe_experts working memory, grown on demand and reused across calls.
