@@ -21,25 +21,20 @@ Result<nlohmann::json> parse_json_strict(std::string_view text, const std::strin
   int depth = 0;
   auto cb = [&](int /*depth*/, json::parse_event_t ev, json& parsed) -> bool {
     switch (ev) {
-      case json::parse_event_t::object_start:
-        keys.emplace_back();
-        [[fallthrough]];
+      case json::parse_event_t::object_start: keys.emplace_back(); [[fallthrough]];
       case json::parse_event_t::array_start:
         if (++depth > kMaxJsonDepth) throw JsonReject{strfmt("nesting deeper than %d levels", kMaxJsonDepth)};
         break;
       case json::parse_event_t::object_end:
         if (!keys.empty()) keys.pop_back();
         [[fallthrough]];
-      case json::parse_event_t::array_end:
-        --depth;
-        break;
+      case json::parse_event_t::array_end: --depth; break;
       case json::parse_event_t::key:
         if (!keys.empty() && parsed.is_string() && !keys.back().insert(parsed.get<std::string>()).second) {
           throw JsonReject{strfmt("duplicate key \"%s\"", parsed.get<std::string>().c_str())};
         }
         break;
-      case json::parse_event_t::value:
-        break;
+      case json::parse_event_t::value: break;
     }
     return true;
   };

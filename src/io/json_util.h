@@ -2,10 +2,9 @@
 // plus rejection of duplicate object keys and of absurd nesting, with errors that name the file and the byte.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "core/status.h"
 

@@ -31,10 +31,15 @@ struct HeaderParser {
   std::string_view s;
   size_t i = 0;
 
-  void ws() { while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i; }
+  void ws() {
+    while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  }
   bool eat(char c) {
     ws();
-    if (i < s.size() && s[i] == c) { ++i; return true; }
+    if (i < s.size() && s[i] == c) {
+      ++i;
+      return true;
+    }
     return false;
   }
   bool string(std::string* out) {
@@ -122,7 +127,9 @@ Result<NpyArray> parse_npy(const uint8_t* bytes, size_t size, const std::string&
       have_descr = true;
     } else if (key == "fortran_order") {
       std::string w;
-      if (!p.word(&w) || (w != "True" && w != "False")) return corrupt(strfmt("%s: .npy fortran_order is not a bool", src));
+      if (!p.word(&w) || (w != "True" && w != "False")) {
+        return corrupt(strfmt("%s: .npy fortran_order is not a bool", src));
+      }
       if (w == "True") return unsupported(strfmt("%s: Fortran-ordered .npy arrays are not supported", src));
       have_order = true;
     } else if (key == "shape") {
@@ -140,10 +147,15 @@ Result<NpyArray> parse_npy(const uint8_t* bytes, size_t size, const std::string&
     return corrupt(strfmt("%s: .npy header lacks descr, fortran_order or shape", src));
   }
   NpyArray a;
-  if (descr == "<f4") a.dtype = DType::kF32;
-  else if (descr == "<i4") a.dtype = DType::kI32;
-  else if (descr == "<i8") a.dtype = DType::kI64;
-  else return unsupported(strfmt("%s: .npy dtype '%s' is not supported ('<f4', '<i4', '<i8')", src, descr.c_str()));
+  if (descr == "<f4") {
+    a.dtype = DType::kF32;
+  } else if (descr == "<i4") {
+    a.dtype = DType::kI32;
+  } else if (descr == "<i8") {
+    a.dtype = DType::kI64;
+  } else {
+    return unsupported(strfmt("%s: .npy dtype '%s' is not supported ('<f4', '<i4', '<i8')", src, descr.c_str()));
+  }
   uint64_t numel = 1;
   for (int64_t d : shape) {
     if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel)) {
@@ -151,7 +163,9 @@ Result<NpyArray> parse_npy(const uint8_t* bytes, size_t size, const std::string&
     }
   }
   uint64_t nbytes = 0;
-  if (__builtin_mul_overflow(numel, dtype_size(a.dtype), &nbytes)) return corrupt(strfmt("%s: .npy shape overflows", src));
+  if (__builtin_mul_overflow(numel, dtype_size(a.dtype), &nbytes)) {
+    return corrupt(strfmt("%s: .npy shape overflows", src));
+  }
   const size_t data_start = header_start + header_len;
   if (nbytes != size - data_start) {
     return corrupt(strfmt("%s: .npy shape needs %llu data bytes but the file has %zu", src,
@@ -190,8 +204,9 @@ Status write_npy(const std::string& path, DType dtype, const std::vector<int64_t
 
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) return io_error(strfmt("%s: cannot open for writing: %s", path.c_str(), std::strerror(errno)));
-  const uint8_t prefix[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, static_cast<uint8_t>(header.size() & 0xff),
-                              static_cast<uint8_t>(header.size() >> 8)};
+  const uint16_t len = static_cast<uint16_t>(header.size());
+  const uint8_t prefix[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, static_cast<uint8_t>(len & 0xff),
+                              static_cast<uint8_t>(len >> 8)};
   const size_t nbytes = numel * dtype_size(dtype);
   bool ok = std::fwrite(prefix, 1, sizeof prefix, f) == sizeof prefix &&
             std::fwrite(header.data(), 1, header.size(), f) == header.size() &&

@@ -126,9 +126,10 @@ Result<std::vector<TensorInfo>> parse_safetensors_header(const uint8_t* bytes, u
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[i];  // little-endian u64
   if (n > file_size - 8) {
-    return corrupt(strfmt("%s: header length %llu runs past the end of the file (%llu bytes): truncated or not a "
-                          "safetensors file", fname, static_cast<unsigned long long>(n),
-                          static_cast<unsigned long long>(file_size)));
+    return corrupt(
+        strfmt("%s: header length %llu runs past the end of the file (%llu bytes): truncated or not a "
+               "safetensors file",
+               fname, static_cast<unsigned long long>(n), static_cast<unsigned long long>(file_size)));
   }
   if (n > kMaxHeaderBytes) {
     return corrupt(strfmt("%s: header length %llu is absurdly large (limit %llu)", fname,
@@ -148,7 +149,9 @@ Result<std::vector<TensorInfo>> parse_safetensors_header(const uint8_t* bytes, u
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string& key = it.key();
     if (key == "__metadata__") {
-      if (!it->is_object()) return corrupt(strfmt("%s: __metadata__ is a %s, expected an object", fname, json_kind(*it)));
+      if (!it->is_object()) {
+        return corrupt(strfmt("%s: __metadata__ is a %s, expected an object", fname, json_kind(*it)));
+      }
       for (auto m = it->begin(); m != it->end(); ++m) {
         if (!m->is_string()) {
           return corrupt(strfmt("%s: __metadata__ value \"%s\" is a %s, expected a string", fname, m.key().c_str(),
@@ -203,10 +206,11 @@ Result<std::vector<TensorInfo>> parse_safetensors_header(const uint8_t* bytes, u
     const uint64_t b = begins[i];
     t.data = data_start + b;
     if (t.nbytes > 0 && reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) != 0) {
-      return unsupported(strfmt("%s: tensor \"%s\" starts at file offset %llu, not aligned to its %zu-byte dtype %s "
-                                "(re-save the checkpoint with the safetensors library, which pads the header)",
-                                fname, t.name.c_str(), static_cast<unsigned long long>(8 + n + b),
-                                dtype_size(t.dtype), dtype_safetensors_name(t.dtype)));
+      return unsupported(
+          strfmt("%s: tensor \"%s\" starts at file offset %llu, not aligned to its %zu-byte dtype %s "
+                 "(re-save the checkpoint with the safetensors library, which pads the header)",
+                 fname, t.name.c_str(), static_cast<unsigned long long>(8 + n + b), dtype_size(t.dtype),
+                 dtype_safetensors_name(t.dtype)));
     }
   }
   return out;
@@ -274,11 +278,11 @@ struct SafetensorsLoader {
 
     const std::string dir = dir_of(index_path);
     std::map<std::string, std::string> listed;  // tensor -> shard file name
-    std::vector<std::string> shards;             // sorted, unique
+    std::vector<std::string> shards;            // sorted, unique
     for (auto it = wm->begin(); it != wm->end(); ++it) {
       if (!it->is_string()) {
-        return corrupt(strfmt("%s: weight_map[\"%s\"] is a %s, expected a file name", ipath, it.key().c_str(),
-                              json_kind(*it)));
+        return corrupt(
+            strfmt("%s: weight_map[\"%s\"] is a %s, expected a file name", ipath, it.key().c_str(), json_kind(*it)));
       }
       std::string shard = it->get<std::string>();
       if (!safe_shard_name(shard)) {
@@ -321,8 +325,8 @@ struct SafetensorsLoader {
     }
     for (const auto& [name, shard] : listed) {
       if (!found.count(name)) {
-        return corrupt(strfmt("%s: weight_map puts tensor \"%s\" in %s, which does not contain it", ipath,
-                              name.c_str(), shard.c_str()));
+        return corrupt(strfmt("%s: weight_map puts tensor \"%s\" in %s, which does not contain it", ipath, name.c_str(),
+                              shard.c_str()));
       }
     }
     return finish(m, std::move(all));

@@ -23,7 +23,7 @@ struct TensorInfo {
   std::vector<int64_t> shape;
   const void* data = nullptr;  // inside the mmapped file
   uint64_t nbytes = 0;
-  int file_index = 0;          // which shard
+  int file_index = 0;  // which shard
 
   [[nodiscard]] int64_t numel() const;
   [[nodiscard]] std::string shape_str() const;  // "[262144, 1536]"
@@ -48,7 +48,7 @@ class SafetensorsModel {
   // `path` is a directory (model.safetensors, or model.safetensors.index.json + shards) or one .safetensors file.
   static Result<SafetensorsModel> open(const std::string& path);
 
-  [[nodiscard]] const TensorInfo* find(std::string_view name) const;  // nullptr if absent
+  [[nodiscard]] const TensorInfo* find(std::string_view name) const;                 // nullptr if absent
   [[nodiscard]] const std::vector<TensorInfo>& tensors() const { return tensors_; }  // sorted by name
   [[nodiscard]] const std::vector<std::string>& files() const { return files_; }
   [[nodiscard]] uint64_t total_tensor_bytes() const;

@@ -87,8 +87,14 @@ Status wrong_type(const Ctx& c, const char* key, const char* want, const json& v
   return corrupt(strfmt("%s: must be %s, got a %s", c.at(key).c_str(), want, json_kind(v)));
 }
 
-// Integer field with a default (nullopt = required) and a lower bound.
-Status get_int(const Ctx& c, const json& obj, const char* key, std::optional<int> def, int min_value, int* out) {
+// Sizes above these are rejected as implausible, which also keeps every derived size (2 * d_ff, heads x
+// head_dim, layers x ple_dim) far from integer overflow and every table sized by them small.
+constexpr int kMaxSize = 1 << 24;
+constexpr int kMaxLayers = 4096;
+
+// Integer field with a default (nullopt = required) and bounds.
+Status get_int(const Ctx& c, const json& obj, const char* key, std::optional<int> def, int min_value, int* out,
+               int max_value = kMaxSize) {
   const json* v = field(obj, key);
   if (v == nullptr) {
     if (!def) return corrupt(strfmt("%s: missing required field", c.at(key).c_str()));
@@ -98,8 +104,9 @@ Status get_int(const Ctx& c, const json& obj, const char* key, std::optional<int
   if (!v->is_number_integer()) return wrong_type(c, key, "an integer", *v);
   const bool neg = !v->is_number_unsigned();
   const int64_t x = neg ? v->get<int64_t>() : static_cast<int64_t>(std::min<uint64_t>(v->get<uint64_t>(), 1ull << 40));
-  if (x > std::numeric_limits<int>::max()) {
-    return invalid_argument(strfmt("%s: %lld is too large", c.at(key).c_str(), static_cast<long long>(x)));
+  if (x > max_value) {
+    return invalid_argument(
+        strfmt("%s: %lld is too large (limit %d)", c.at(key).c_str(), static_cast<long long>(x), max_value));
   }
   if (x < min_value) {
     return invalid_argument(strfmt("%s: must be %s, got %lld", c.at(key).c_str(),
@@ -198,8 +205,8 @@ Status parse_layer_types(const Ctx& c, const json& t, int n_layers, std::vector<
   } else {
     if (!v->is_array()) return wrong_type(c, "layer_types", "an array of strings", *v);
     if (static_cast<int>(v->size()) != n_layers) {
-      return invalid_argument(strfmt("%s: has %zu entries but num_hidden_layers is %d", c.at("layer_types").c_str(),
-                                     v->size(), n_layers));
+      return invalid_argument(
+          strfmt("%s: has %zu entries but num_hidden_layers is %d", c.at("layer_types").c_str(), v->size(), n_layers));
     }
     for (size_t i = 0; i < v->size(); ++i) {
       const json& e = (*v)[i];
@@ -226,8 +233,8 @@ Status parse_rope_entry(const Ctx& c, const json& e, RopeSpec* r) {
   } else if (type == "proportional") {
     r->kind = RopeKind::kProportional;
   } else {
-    return unsupported(strfmt("%s: \"%s\" is not supported (default, proportional)", c.at("rope_type").c_str(),
-                              type.c_str()));
+    return unsupported(
+        strfmt("%s: \"%s\" is not supported (default, proportional)", c.at("rope_type").c_str(), type.c_str()));
   }
   TANDEM_TRY(get_double(c, e, "rope_theta", 10000.0, &r->theta));
   if (r->theta <= 0) return invalid_argument(strfmt("%s: must be positive", c.at("rope_theta").c_str()));
@@ -286,7 +293,9 @@ Status resolve_head_dims(const Ctx& c, const json& t, const std::vector<AttnType
       const std::string& key = it.key();
       const Ctx lc = c.sub("per_layer_config").sub(key);
       if (it->is_null()) continue;
-      if (!it->is_object()) return corrupt(strfmt("%s: must be an object, got a %s", lc.here().c_str(), json_kind(*it)));
+      if (!it->is_object()) {
+        return corrupt(strfmt("%s: must be an object, got a %s", lc.here().c_str(), json_kind(*it)));
+      }
       HeadOverride o;
       TANDEM_TRY(get_optional_int(lc, *it, "head_dim", 1, &o.head_dim));
       TANDEM_TRY(get_optional_int(lc, *it, "num_key_value_heads", 1, &o.n_kv_heads));
@@ -295,8 +304,8 @@ Status resolve_head_dims(const Ctx& c, const json& t, const std::vector<AttnType
       if (numeric) {
         const int idx = std::stoi(key);
         if (idx >= n) {
-          return invalid_argument(strfmt("%s: layer index %d is past num_hidden_layers %d",
-                                         c.at("per_layer_config").c_str(), idx, n));
+          return invalid_argument(
+              strfmt("%s: layer index %d is past num_hidden_layers %d", c.at("per_layer_config").c_str(), idx, n));
         }
         by_layer[static_cast<size_t>(idx)] = o;
       } else if (key == kSlidingName) {
@@ -341,12 +350,12 @@ Status parse_text(const Ctx& c, const json& t, bool assistant, TextConfig* tc) {
   TANDEM_TRY(get_int(c, t, "vocab_size", std::nullopt, 1, &tc->n_vocab));
   TANDEM_TRY(get_int(c, t, "hidden_size", std::nullopt, 1, &tc->d_model));
   TANDEM_TRY(get_int(c, t, "intermediate_size", std::nullopt, 1, &tc->d_ff));
-  TANDEM_TRY(get_int(c, t, "num_hidden_layers", std::nullopt, 1, &tc->n_layers));
+  TANDEM_TRY(get_int(c, t, "num_hidden_layers", std::nullopt, 1, &tc->n_layers, kMaxLayers));
   TANDEM_TRY(get_int(c, t, "num_attention_heads", std::nullopt, 1, &tc->n_heads));
   int head_dim = 0, n_kv = 0;
   TANDEM_TRY(get_int(c, t, "num_key_value_heads", 4, 1, &n_kv));
   TANDEM_TRY(get_int(c, t, "head_dim", 256, 1, &head_dim));
-  TANDEM_TRY(get_int(c, t, "max_position_embeddings", 131072, 1, &tc->max_position));
+  TANDEM_TRY(get_int(c, t, "max_position_embeddings", 131072, 1, &tc->max_position, std::numeric_limits<int>::max()));
   double eps = 0;
   TANDEM_TRY(get_double(c, t, "rms_norm_eps", 1e-6, &eps));
   if (eps <= 0) return invalid_argument(strfmt("%s: must be positive", c.at("rms_norm_eps").c_str()));
@@ -355,8 +364,8 @@ Status parse_text(const Ctx& c, const json& t, bool assistant, TextConfig* tc) {
   std::string act;
   TANDEM_TRY(get_string(c, t, "hidden_activation", "gelu_pytorch_tanh", &act));
   if (act != "gelu_pytorch_tanh") {
-    return unsupported(strfmt("%s: \"%s\" is not supported (gelu_pytorch_tanh)", c.at("hidden_activation").c_str(),
-                              act.c_str()));
+    return unsupported(
+        strfmt("%s: \"%s\" is not supported (gelu_pytorch_tanh)", c.at("hidden_activation").c_str(), act.c_str()));
   }
   bool bias = false;
   TANDEM_TRY(get_bool(c, t, "attention_bias", false, &bias));
@@ -412,10 +421,18 @@ Status parse_text(const Ctx& c, const json& t, bool assistant, TextConfig* tc) {
       return invalid_argument(strfmt("%s: an assistant shares K/V in all %d layers, got %d",
                                      c.at("num_kv_shared_layers").c_str(), tc->n_layers, tc->n_kv_shared_layers));
     }
-    if (tc->ple_dim != 0) return invalid_argument(strfmt("%s: must be 0 for an assistant", c.at("hidden_size_per_layer_input").c_str()));
-    if (tc->ple_vocab != 0) return invalid_argument(strfmt("%s: must be 0 for an assistant", c.at("vocab_size_per_layer_input").c_str()));
-    if (tc->moe) return invalid_argument(strfmt("%s: must be false for an assistant", c.at("enable_moe_block").c_str()));
-    if (tc->double_wide_mlp) return invalid_argument(strfmt("%s: must be false for an assistant", c.at("use_double_wide_mlp").c_str()));
+    if (tc->ple_dim != 0) {
+      return invalid_argument(strfmt("%s: must be 0 for an assistant", c.at("hidden_size_per_layer_input").c_str()));
+    }
+    if (tc->ple_vocab != 0) {
+      return invalid_argument(strfmt("%s: must be 0 for an assistant", c.at("vocab_size_per_layer_input").c_str()));
+    }
+    if (tc->moe) {
+      return invalid_argument(strfmt("%s: must be false for an assistant", c.at("enable_moe_block").c_str()));
+    }
+    if (tc->double_wide_mlp) {
+      return invalid_argument(strfmt("%s: must be false for an assistant", c.at("use_double_wide_mlp").c_str()));
+    }
     tc->final_logit_softcap.reset();  // the drafter never soft-caps its logits (spec §4.2, §2.2)
   } else if (tc->n_kv_shared_layers > tc->n_layers) {
     return invalid_argument(strfmt("%s: %d is more than num_hidden_layers %d", c.at("num_kv_shared_layers").c_str(),
@@ -441,11 +458,14 @@ Status parse_text(const Ctx& c, const json& t, bool assistant, TextConfig* tc) {
         *type_kv = k;
         first = false;
       } else if (h != *type_hd || k != *type_kv) {
-        return unsupported(strfmt("%s: %s layers with different head dims or KV-head counts (layer %d: %d x %d, "
-                                  "earlier: %d x %d) are not supported", c.at("per_layer_config").c_str(),
-                                  attn_type_name(a), i, k, h, *type_kv, *type_hd));
+        return unsupported(
+            strfmt("%s: %s layers with different head dims or KV-head counts (layer %d: %d x %d, "
+                   "earlier: %d x %d) are not supported",
+                   c.at("per_layer_config").c_str(), attn_type_name(a), i, k, h, *type_kv, *type_hd));
       }
-      if (h % 2 != 0) return invalid_argument(strfmt("%s: head dim %d of layer %d is odd", c.at("head_dim").c_str(), h, i));
+      if (h % 2 != 0) {
+        return invalid_argument(strfmt("%s: head dim %d of layer %d is odd", c.at("head_dim").c_str(), h, i));
+      }
       if (tc->n_heads % k != 0) {
         return invalid_argument(strfmt("%s: num_attention_heads %d is not a multiple of the %d KV heads of layer %d",
                                        c.at("num_attention_heads").c_str(), tc->n_heads, k, i));
@@ -527,7 +547,9 @@ Status finish_ids(const std::string& source, const SpecialIds& ids, ModelConfig*
 
 Result<ModelConfig> parse_config_impl(std::string_view text, const std::string& source, SpecialIds* ids) {
   TANDEM_ASSIGN_OR_RETURN(json root, parse_json_strict(text, source));
-  if (!root.is_object()) return corrupt(strfmt("%s: is a JSON %s, expected an object", source.c_str(), json_kind(root)));
+  if (!root.is_object()) {
+    return corrupt(strfmt("%s: is a JSON %s, expected an object", source.c_str(), json_kind(root)));
+  }
   const Ctx top(source, "");
   ModelConfig cfg;
   const json* mt = field(root, "model_type");
@@ -551,8 +573,8 @@ Result<ModelConfig> parse_config_impl(std::string_view text, const std::string& 
     std::string sub_type;
     TANDEM_TRY(get_string(tctx, *text_json, "model_type", "gemma4_text", &sub_type));
     if (sub_type != "gemma4_text") {
-      return unsupported(strfmt("%s: \"%s\" is not supported (gemma4_text)", tctx.at("model_type").c_str(),
-                                sub_type.c_str()));
+      return unsupported(
+          strfmt("%s: \"%s\" is not supported (gemma4_text)", tctx.at("model_type").c_str(), sub_type.c_str()));
     }
   } else {
     return unsupported(strfmt("%s: \"%s\" is not a Gemma 4 text model (gemma4, gemma4_text, gemma4_assistant)",
@@ -611,7 +633,9 @@ Result<ModelConfig> load_model_config(const std::string& dir) {
   if (is_regular_file(gen_path)) {
     TANDEM_ASSIGN_OR_RETURN(std::string gen_text, read_text_file(gen_path));
     TANDEM_ASSIGN_OR_RETURN(json gen, parse_json_strict(gen_text, gen_path));
-    if (!gen.is_object()) return corrupt(strfmt("%s: is a JSON %s, expected an object", gen_path.c_str(), json_kind(gen)));
+    if (!gen.is_object()) {
+      return corrupt(strfmt("%s: is a JSON %s, expected an object", gen_path.c_str(), json_kind(gen)));
+    }
     TANDEM_TRY(read_special_ids(Ctx(gen_path, ""), gen, false, &ids));
     TANDEM_TRY(finish_ids(gen_path, ids, &cfg));  // config.json's ids passed above: a failure here is this file's
   }
@@ -625,8 +649,8 @@ Status check_assistant_compatible(const ModelConfig& target, const ModelConfig& 
   const TextConfig& a = assistant.text;
   std::vector<std::string> problems;
   if (assistant.assistant->backbone_d_model != t.d_model) {
-    problems.push_back(strfmt("backbone_hidden_size %d != target hidden_size %d", assistant.assistant->backbone_d_model,
-                              t.d_model));
+    problems.push_back(
+        strfmt("backbone_hidden_size %d != target hidden_size %d", assistant.assistant->backbone_d_model, t.d_model));
   }
   if (a.n_vocab != t.n_vocab) problems.push_back(strfmt("vocab_size %d != target %d", a.n_vocab, t.n_vocab));
   for (AttnType type : {AttnType::kSliding, AttnType::kFull}) {

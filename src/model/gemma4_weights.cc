@@ -20,6 +20,7 @@ enum class When : uint8_t { kAlways, kPle, kMoe, kOwnsKv, kHasV, kOrdered, kUnti
 enum class Kind : uint8_t { kFloat, kIndex };  // bf16/f16/f32, or i64/i32
 
 // Shorthands for the table below (c = config, l = layer, t = c.text).
+// clang-format off
 #define T_ c.text
 #define SHAPE(...) [](const ModelConfig& c, const LayerSpec& l) -> Shape { (void)c; (void)l; return {__VA_ARGS__}; }
 #define TGT(field) Scope::kTarget, [](TargetWeights& w) -> Tensor& { return w.field; }, nullptr, nullptr
@@ -45,8 +46,8 @@ const Row kRows[] = {
     // Target, global (spec §3.2).
     {"embed_tokens.weight", kP, When::kAlways, Kind::kFloat, SHAPE(T_.n_vocab, T_.d_model), TGT(embed)},
     {"norm.weight", kP, When::kAlways, Kind::kFloat, SHAPE(T_.d_model), TGT(final_norm)},
-    {"embed_tokens_per_layer.weight", kP, When::kPle, Kind::kFloat, SHAPE(T_.ple_vocab, int64_t{T_.n_layers} * T_.ple_dim),
-     TGT(ple_embed)},
+    {"embed_tokens_per_layer.weight", kP, When::kPle, Kind::kFloat,
+     SHAPE(T_.ple_vocab, int64_t{T_.n_layers} * T_.ple_dim), TGT(ple_embed)},
     {"per_layer_model_projection.weight", kP, When::kPle, Kind::kFloat,
      SHAPE(int64_t{T_.n_layers} * T_.ple_dim, T_.d_model), TGT(ple_model_proj)},
     {"per_layer_projection_norm.weight", kP, When::kPle, Kind::kFloat, SHAPE(T_.ple_dim), TGT(ple_proj_norm)},
@@ -99,6 +100,7 @@ const Row kRows[] = {
 #undef TGT
 #undef AST
 #undef LYR
+// clang-format on
 
 bool applies(When when, const ModelConfig& c, const LayerSpec& l) {
   switch (when) {
@@ -201,12 +203,12 @@ Result<W> bind(const ModelConfig& c, const SafetensorsModel& st) {
     }
     used.insert(name);
     if (ti->shape != shape) {
-      problems.push_back(strfmt("%s has shape %s, expected %s", name.c_str(), ti->shape_str().c_str(),
-                                shape_str(shape).c_str()));
+      problems.push_back(
+          strfmt("%s has shape %s, expected %s", name.c_str(), ti->shape_str().c_str(), shape_str(shape).c_str()));
       return;
     }
-    const bool dtype_ok = r.kind == Kind::kFloat ? dtype_is_float(ti->dtype)
-                                                 : (ti->dtype == DType::kI64 || ti->dtype == DType::kI32);
+    const bool dtype_ok =
+        r.kind == Kind::kFloat ? dtype_is_float(ti->dtype) : (ti->dtype == DType::kI64 || ti->dtype == DType::kI32);
     if (!dtype_ok) {
       problems.push_back(strfmt("%s has dtype %s, expected %s", name.c_str(), dtype_safetensors_name(ti->dtype),
                                 r.kind == Kind::kFloat ? "BF16, F16 or F32" : "I64 or I32"));
@@ -226,9 +228,9 @@ Result<W> bind(const ModelConfig& c, const SafetensorsModel& st) {
   }
   if (problems.empty()) return w;
   constexpr size_t kMaxListed = 200;
-  std::string msg = strfmt("%s: checkpoint does not match its config (%s, model_type %s): %zu problem%s",
-                           checkpoint_name(st).c_str(), layout_name(c.layout), c.model_type.c_str(), problems.size(),
-                           problems.size() == 1 ? "" : "s");
+  std::string msg =
+      strfmt("%s: checkpoint does not match its config (%s, model_type %s): %zu problem%s", checkpoint_name(st).c_str(),
+             layout_name(c.layout), c.model_type.c_str(), problems.size(), problems.size() == 1 ? "" : "s");
   for (size_t i = 0; i < problems.size() && i < kMaxListed; ++i) msg += "\n  " + problems[i];
   if (problems.size() > kMaxListed) msg += strfmt("\n  ... and %zu more", problems.size() - kMaxListed);
   return corrupt(std::move(msg));
@@ -257,16 +259,16 @@ void for_each_tensor(const ModelConfig& cfg, AssistantWeights& w, const TensorVi
 
 Result<TargetWeights> bind_target_weights(const ModelConfig& cfg, const SafetensorsModel& st) {
   if (cfg.is_assistant()) {
-    return invalid_argument(strfmt("%s: is an assistant (gemma4_assistant) checkpoint, not a target",
-                                   checkpoint_name(st).c_str()));
+    return invalid_argument(
+        strfmt("%s: is an assistant (gemma4_assistant) checkpoint, not a target", checkpoint_name(st).c_str()));
   }
   return bind<TargetWeights>(cfg, st);
 }
 
 Result<AssistantWeights> bind_assistant_weights(const ModelConfig& cfg, const SafetensorsModel& st) {
   if (!cfg.is_assistant()) {
-    return invalid_argument(strfmt("%s: is a %s target checkpoint, not an assistant", checkpoint_name(st).c_str(),
-                                   cfg.model_type.c_str()));
+    return invalid_argument(
+        strfmt("%s: is a %s target checkpoint, not an assistant", checkpoint_name(st).c_str(), cfg.model_type.c_str()));
   }
   return bind<AssistantWeights>(cfg, st);
 }

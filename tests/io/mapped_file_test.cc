@@ -1,10 +1,10 @@
 // MappedFile: each way of failing to open gives a clear error naming the path.
-#include <gtest/gtest.h>
+#include "io/mapped_file.h"
 
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "io/mapped_file.h"
 #include "support/checkpoint_writer.h"
 
 namespace tandem {

@@ -1,10 +1,11 @@
 // .npy reading/writing (src/io/npy.cc) against the byte layout numpy itself writes.
+#include "io/npy.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <iterator>
 
-#include "io/npy.h"
 #include "support/checkpoint_writer.h"
 
 namespace tandem {

@@ -1,11 +1,12 @@
 // safetensors header validation and single-file loading (src/io/safetensors.cc): one test per kind of bad input.
+#include "io/safetensors.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstring>
 #include <map>
 
-#include "io/safetensors.h"
 #include "support/checkpoint_writer.h"
 
 namespace tandem {
@@ -22,12 +23,14 @@ Result<std::vector<TensorInfo>> parse(const std::vector<uint8_t>& bytes, const s
 void expect_error(const Status& s, StatusCode code, std::initializer_list<const char*> fragments) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.code(), code) << s.to_string();
-  for (const char* f : fragments) EXPECT_NE(s.message().find(f), std::string::npos) << "'" << f << "' not in: " << s.message();
+  for (const char* f : fragments)
+    EXPECT_NE(s.message().find(f), std::string::npos) << "'" << f << "' not in: " << s.message();
 }
 
 std::vector<FakeTensor> sample_tensors() {
   return {f32_tensor("a.weight", {2, 3}, {1, 2, 3, 4, 5, 6}), fake_tensor("b.bf16", "BF16", {4}),
-          i64_tensor("c.ids", {3}, {7, -8, 9}), f32_tensor("d.scalar", {}, {2.5f}), fake_tensor("e.empty", "F16", {0, 5})};
+          i64_tensor("c.ids", {3}, {7, -8, 9}), f32_tensor("d.scalar", {}, {2.5f}),
+          fake_tensor("e.empty", "F16", {0, 5})};
 }
 
 TEST(SafetensorsHeader, ValidFileParses) {
@@ -88,7 +91,8 @@ TEST(SafetensorsHeader, BadJson) {
 }
 
 TEST(SafetensorsHeader, NonObjectHeader) {
-  expect_error(parse(raw_safetensors_bytes("[1, 2]", {})).status(), StatusCode::kCorrupt, {"array", "expected an object"});
+  expect_error(parse(raw_safetensors_bytes("[1, 2]", {})).status(), StatusCode::kCorrupt,
+               {"array", "expected an object"});
 }
 
 TEST(SafetensorsHeader, DuplicateTensorName) {
@@ -123,8 +127,7 @@ TEST(SafetensorsHeader, NonIntegerShape) {
 }
 
 TEST(SafetensorsHeader, ShapeOverflow) {
-  const std::string h =
-      R"({"w": {"dtype": "F32", "shape": [4294967296, 4294967296, 0], "data_offsets": [0, 0]}})";
+  const std::string h = R"({"w": {"dtype": "F32", "shape": [4294967296, 4294967296, 0], "data_offsets": [0, 0]}})";
   expect_error(parse(raw_safetensors_bytes(h, {})).status(), StatusCode::kCorrupt, {"overflows"});
 }
 

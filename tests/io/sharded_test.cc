@@ -21,7 +21,8 @@ std::vector<FakeTensor> tensors() {
 void expect_error(const Status& s, StatusCode code, std::initializer_list<std::string> fragments) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.code(), code) << s.to_string();
-  for (const std::string& f : fragments) EXPECT_NE(s.message().find(f), std::string::npos) << f << " not in: " << s.message();
+  for (const std::string& f : fragments)
+    EXPECT_NE(s.message().find(f), std::string::npos) << f << " not in: " << s.message();
 }
 
 json read_index(const TempDir& dir) {

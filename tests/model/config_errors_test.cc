@@ -46,7 +46,8 @@ TEST(ConfigErrors, MalformedJson) {
   expect_error("{\"model_type\": \"gemma4_text\", ", StatusCode::kCorrupt, {"invalid JSON"});
   expect_error("", StatusCode::kCorrupt, {"invalid JSON"});
   expect_error("[1, 2]", StatusCode::kCorrupt, {"array", "expected an object"});
-  expect_error("{\"model_type\": \"gemma4_text\", \"model_type\": \"gemma4\"}", StatusCode::kCorrupt, {"duplicate key"});
+  expect_error("{\"model_type\": \"gemma4_text\", \"model_type\": \"gemma4\"}", StatusCode::kCorrupt,
+               {"duplicate key"});
 }
 
 TEST(ConfigErrors, ModelType) {
@@ -86,13 +87,15 @@ TEST(ConfigErrors, WrongTypes) {
 }
 
 TEST(ConfigErrors, NonPositiveSizes) {
-  for (const char* f : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                        "num_key_value_heads", "head_dim", "global_head_dim", "sliding_window",
-                        "max_position_embeddings"}) {
+  for (const char* f :
+       {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "global_head_dim", "sliding_window", "max_position_embeddings"}) {
     text_case([&](json& j) { j[f] = 0; }, StatusCode::kInvalidArgument, {f, "positive"});
     text_case([&](json& j) { j[f] = -3; }, StatusCode::kInvalidArgument, {f, "-3"});
   }
   text_case([](json& j) { j["hidden_size"] = 1ll << 40; }, StatusCode::kInvalidArgument, {"hidden_size", "too large"});
+  text_case([](json& j) { j["num_hidden_layers"] = 5000; }, StatusCode::kInvalidArgument,
+            {"num_hidden_layers", "too large"});
   text_case([](json& j) { j["rms_norm_eps"] = 0; }, StatusCode::kInvalidArgument, {"rms_norm_eps"});
   text_case([](json& j) { j["num_kv_shared_layers"] = 9; }, StatusCode::kInvalidArgument, {"num_kv_shared_layers"});
   text_case([](json& j) { j["final_logit_softcapping"] = 0.0; }, StatusCode::kInvalidArgument,

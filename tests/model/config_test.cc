@@ -35,7 +35,8 @@ bool same_layers(const TextConfig& a, const TextConfig& b) {
 }
 
 TEST(Config, ConditionalGenerationLayout) {
-  ModelConfig c = parse_ok(make_config(tiny_e2b_like(), FixtureLayout::kConditionalGeneration, HeadDimFormat::kRelease));
+  ModelConfig c =
+      parse_ok(make_config(tiny_e2b_like(), FixtureLayout::kConditionalGeneration, HeadDimFormat::kRelease));
   EXPECT_EQ(c.layout, CheckpointLayout::kConditionalGeneration);
   EXPECT_EQ(c.model_type, "gemma4");
   EXPECT_EQ(c.weight_prefix, "model.language_model.");
@@ -64,7 +65,8 @@ TEST(Config, CausalLmLayout) {
 
 TEST(Config, AssistantLayout) {
   const TinyModelSpec target = tiny_e2b_like();
-  ModelConfig c = parse_ok(make_config(tiny_assistant(true, target), FixtureLayout::kAssistant, HeadDimFormat::kRelease));
+  ModelConfig c =
+      parse_ok(make_config(tiny_assistant(true, target), FixtureLayout::kAssistant, HeadDimFormat::kRelease));
   EXPECT_EQ(c.layout, CheckpointLayout::kAssistant);
   EXPECT_EQ(c.weight_prefix, "model.");
   ASSERT_TRUE(c.is_assistant());
@@ -87,7 +89,8 @@ TEST(Config, AssistantLayout) {
   TinyModelSpec bad = tiny_assistant(false, target);
   bad.backbone_d_model = 24;
   bad.global_head_dim = 32;
-  Status s = check_assistant_compatible(t, parse_ok(make_config(bad, FixtureLayout::kAssistant, HeadDimFormat::kRelease)));
+  Status s =
+      check_assistant_compatible(t, parse_ok(make_config(bad, FixtureLayout::kAssistant, HeadDimFormat::kRelease)));
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("backbone_hidden_size 24"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("full layers"), std::string::npos) << s.message();
@@ -229,8 +232,8 @@ TEST(Config, Real26bMoe) {
 }
 
 TEST(Config, HfDefaults) {
-  json j = {{"model_type", "gemma4_text"}, {"vocab_size", 1000}, {"hidden_size", 64}, {"intermediate_size", 128},
-            {"num_hidden_layers", 12},     {"num_attention_heads", 8}};
+  json j = {{"model_type", "gemma4_text"}, {"vocab_size", 1000},      {"hidden_size", 64},
+            {"intermediate_size", 128},    {"num_hidden_layers", 12}, {"num_attention_heads", 8}};
   ModelConfig c = parse_ok(j);
   const TextConfig& t = c.text;
   EXPECT_EQ(t.n_kv_heads, 4);
@@ -287,7 +290,7 @@ TEST(Config, RopeInverseFrequencies) {
     EXPECT_NEAR(g[static_cast<size_t>(j)], ref, 4e-7 * ref) << j;
   }
   EXPECT_EQ(g[0], 1.0f);
-  EXPECT_NEAR(g[1], 0.94746, 1e-5);   // spec §1.7
+  EXPECT_NEAR(g[1], 0.94746, 1e-5);  // spec §1.7
   EXPECT_NEAR(g[63], 0.033376, 1e-6);
   EXPECT_EQ(g[64], 0.0f);
 

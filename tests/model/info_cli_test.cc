@@ -1,7 +1,6 @@
 // `tandem info` end to end: runs the built binary on synthetic checkpoints and checks its JSON accounting against
 // sums computed here from the fixture's tensor list.
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -125,7 +124,8 @@ TEST(InfoCli, Assistant) {
   EXPECT_EQ(j["assistant"]["backbone_d_model"], 16);
   RunResult text = run_cli("info --model " + dir.path(), scratch);
   ASSERT_EQ(text.exit_code, 0) << text.err;
-  EXPECT_NE(text.out.find("centroid LM head: 8 centroids, top 2 -> 16 candidate tokens"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("centroid LM head: 8 centroids, top 2 -> 16 candidate tokens"), std::string::npos)
+      << text.out;
   EXPECT_NE(text.out.find("requires d_model 16"), std::string::npos) << text.out;
 }
 

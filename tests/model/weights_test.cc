@@ -32,7 +32,8 @@ Loaded load(const TempDir& dir) {
 
 bool is_extra(const std::string& name) {
   return name.rfind("model.vision_tower.", 0) == 0 || name.rfind("model.audio_tower.", 0) == 0 ||
-         name.rfind("model.embed_vision.", 0) == 0 || name.rfind("model.embed_audio.", 0) == 0 || name == "lm_head.weight";
+         name.rfind("model.embed_vision.", 0) == 0 || name.rfind("model.embed_audio.", 0) == 0 ||
+         name == "lm_head.weight";
 }
 
 // Every non-extra tensor the fixture wrote is visited exactly once, with the fixture's shape.
@@ -75,7 +76,7 @@ TEST(Weights, BindsConditionalGenerationWithExtras) {
   EXPECT_EQ(w->layers[6].mlp.gate.dim(0), 64);  // double-wide from the first shared layer
   EXPECT_TRUE(w->layers[6].attn.k_proj.empty());
   EXPECT_FALSE(w->layers[5].attn.k_proj.empty());
-  EXPECT_FALSE(w->layers[4].attn.v_proj.empty());  // no K=V on E models
+  EXPECT_FALSE(w->layers[4].attn.v_proj.empty());                   // no K=V on E models
   EXPECT_EQ(w->layers[4].attn.q_proj.describe(), "[32, 16] bf16");  // full layer: 2 heads x 16
   EXPECT_EQ(w->layers[0].layer_scalar.describe(), "[1] bf16");
   EXPECT_EQ(w->layers[0].ple.gate.describe(), "[4, 16] bf16");
@@ -93,7 +94,7 @@ TEST(Weights, BindsMoeCausalLmPerLayerConfig) {
   EXPECT_EQ(w->layers[0].moe.gate_up.describe(), "[4, 16, 16] f32");
   EXPECT_EQ(w->layers[0].moe.down.describe(), "[4, 16, 8] f32");
   EXPECT_EQ(w->layers[0].moe.router_proj.describe(), "[4, 16] f32");
-  EXPECT_TRUE(w->layers[5].attn.v_proj.empty());  // K=V full layer
+  EXPECT_TRUE(w->layers[5].attn.v_proj.empty());                   // K=V full layer
   EXPECT_EQ(w->layers[5].attn.k_proj.describe(), "[16, 16] f32");  // 1 global KV head x 16
   EXPECT_FALSE(w->layers[4].attn.v_proj.empty());
   EXPECT_TRUE(w->ple_embed.empty());
@@ -148,8 +149,9 @@ TEST(Weights, UntiedAssistantNeedsLmHead) {
   ASSERT_TRUE(w.ok()) << w.status().to_string();
   EXPECT_EQ(w->lm_head.describe(), "[64, 8] bf16");
   auto tensors = make_tensors(s, FixtureLayout::kAssistant);
-  tensors.erase(std::remove_if(tensors.begin(), tensors.end(), [](const FakeTensor& t) { return t.name == "lm_head.weight"; }),
-                tensors.end());
+  tensors.erase(
+      std::remove_if(tensors.begin(), tensors.end(), [](const FakeTensor& t) { return t.name == "lm_head.weight"; }),
+      tensors.end());
   write_single_checkpoint(dir.path(), tensors);
   l = load(dir);
   auto w2 = bind_assistant_weights(l.cfg, l.st);
@@ -199,10 +201,12 @@ TEST(Weights, NamesEveryMissingTensor) {
 
 TEST(Weights, NamesMisshapedAndMistypedTensors) {
   std::string m = bind_error(tiny_31b_like(), FixtureLayout::kCausalLM, [](auto& v) {
-    get(v, "model.layers.3.self_attn.k_proj.weight") = fake_tensor("model.layers.3.self_attn.k_proj.weight", "BF16", {32, 16});
+    get(v, "model.layers.3.self_attn.k_proj.weight") =
+        fake_tensor("model.layers.3.self_attn.k_proj.weight", "BF16", {32, 16});
     get(v, "model.layers.0.input_layernorm.weight") = fake_tensor("model.layers.0.input_layernorm.weight", "I32", {16});
   });
-  EXPECT_NE(m.find("model.layers.3.self_attn.k_proj.weight has shape [32, 16], expected [16, 16]"), std::string::npos) << m;
+  EXPECT_NE(m.find("model.layers.3.self_attn.k_proj.weight has shape [32, 16], expected [16, 16]"), std::string::npos)
+      << m;
   EXPECT_NE(m.find("model.layers.0.input_layernorm.weight has dtype I32"), std::string::npos) << m;
 }
 
@@ -210,15 +214,14 @@ TEST(Weights, RejectsUnexpectedTensors) {
   std::string m = bind_error(tiny_31b_like(), FixtureLayout::kCausalLM, [](auto& v) {
     v.push_back(fake_tensor("model.layers.0.self_attn.bogus.weight", "BF16", {2}));
     v.push_back(fake_tensor("model.layers.3.self_attn.v_proj.weight", "BF16", {16, 16}));  // K=V layer has no v_proj
-    v.push_back(fake_tensor("model.layers.9.input_layernorm.weight", "BF16", {16}));      // past the last layer
+    v.push_back(fake_tensor("model.layers.9.input_layernorm.weight", "BF16", {16}));       // past the last layer
   });
   EXPECT_NE(m.find("unexpected tensor model.layers.0.self_attn.bogus.weight [2]"), std::string::npos) << m;
   EXPECT_NE(m.find("unexpected tensor model.layers.3.self_attn.v_proj.weight"), std::string::npos) << m;
   EXPECT_NE(m.find("unexpected tensor model.layers.9.input_layernorm.weight"), std::string::npos) << m;
   // Owning layers' k/v are not "unused shared" extras; towers are not extras for an assistant.
-  m = bind_error(tiny_assistant(true, tiny_e2b_like()), FixtureLayout::kAssistant, [](auto& v) {
-    v.push_back(fake_tensor("model.vision_tower.x", "BF16", {2}));
-  });
+  m = bind_error(tiny_assistant(true, tiny_e2b_like()), FixtureLayout::kAssistant,
+                 [](auto& v) { v.push_back(fake_tensor("model.vision_tower.x", "BF16", {2})); });
   EXPECT_NE(m.find("unexpected tensor model.vision_tower.x"), std::string::npos) << m;
 }
 

@@ -4,18 +4,17 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace tandem::testsupport {
 
 struct FakeTensor {
   std::string name;
-  std::string dtype;             // safetensors spelling: "BF16", "F32", "I64", ...
+  std::string dtype;  // safetensors spelling: "BF16", "F32", "I64", ...
   std::vector<int64_t> shape;
-  std::vector<uint8_t> data;     // exactly numel * dtype size bytes
+  std::vector<uint8_t> data;  // exactly numel * dtype size bytes
 };
 
 // Size of a safetensors dtype name (0 when unknown to this helper).

@@ -134,7 +134,8 @@ json make_text_config(const TinyModelSpec& s, HeadDimFormat f, bool assistant) {
       {"eos_token_id", 1},
       {"rope_parameters",
        {{"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}},
-        {"full_attention", {{"rope_type", "proportional"}, {"partial_rotary_factor", 0.25}, {"rope_theta", 1000000.0}}}}},
+        {"full_attention",
+         {{"rope_type", "proportional"}, {"partial_rotary_factor", 0.25}, {"rope_theta", 1000000.0}}}}},
   };
   if (!s.layer_types.empty()) j["layer_types"] = s.layer_types;
   if (s.n_experts > 0) {
@@ -203,7 +204,9 @@ std::vector<FakeTensor> make_tensors(const TinyModelSpec& s, FixtureLayout layou
   const int64_t H = s.d_model, V = s.vocab, L = s.n_layers;
   std::vector<FakeTensor> out;
   uint8_t seed = 1;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape) { out.push_back(fake_tensor(name, fd, shape, seed++)); };
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    out.push_back(fake_tensor(name, fd, shape, seed++));
+  };
 
   add(p + "embed_tokens.weight", {V, H});
   add(p + "norm.weight", {H});

@@ -3,10 +3,9 @@
 // (§3.2-§3.4), independently of src/model/gemma4_weights.cc, so binding is checked against a second encoding.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "support/checkpoint_writer.h"
 
@@ -20,10 +19,10 @@ struct TinyModelSpec {
   int d_model = 16;
   int n_layers = 6;
   int n_heads = 4;
-  int head_dim = 8;            // sliding layers
-  int global_head_dim = 16;    // full layers
-  int n_kv_heads = 2;          // sliding layers (and full layers unless k_eq_v)
-  int n_global_kv_heads = 1;   // full layers when k_eq_v
+  int head_dim = 8;                      // sliding layers
+  int global_head_dim = 16;              // full layers
+  int n_kv_heads = 2;                    // sliding layers (and full layers unless k_eq_v)
+  int n_global_kv_heads = 1;             // full layers when k_eq_v
   std::vector<std::string> layer_types;  // empty: not written (HF default pattern)
   bool k_eq_v = false;
   int n_kv_shared = 0;
@@ -45,9 +44,9 @@ struct TinyModelSpec {
 };
 
 // Small variants shaped like the released families (same features, tiny sizes).
-TinyModelSpec tiny_e2b_like();        // PLE, KV sharing, double-wide MLP, period-5 pattern
-TinyModelSpec tiny_26b_like();        // MoE, K=V full layers
-TinyModelSpec tiny_31b_like();        // dense, K=V full layers
+TinyModelSpec tiny_e2b_like();  // PLE, KV sharing, double-wide MLP, period-5 pattern
+TinyModelSpec tiny_26b_like();  // MoE, K=V full layers
+TinyModelSpec tiny_31b_like();  // dense, K=V full layers
 TinyModelSpec tiny_assistant(bool ordered_embeddings, const TinyModelSpec& target);
 // The real E2B text dims of spec §2.1 (config only: far too large to write weights for).
 TinyModelSpec real_e2b();

@@ -4,9 +4,8 @@
 #include <cstdio>
 #include <map>
 #include <memory>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "commands.h"
 #include "core/strings.h"
@@ -30,7 +29,7 @@ struct Accounting {
   uint64_t tower_tensors = 0, tower_bytes = 0, tower_params = 0;
   uint64_t other_skipped_bytes = 0;  // unused k/v of shared layers, a stored tied lm_head
   uint64_t kv_bytes_per_token = 0;
-  std::string lm_head;               // "tied", "untied", "centroid"
+  std::string lm_head;  // "tied", "untied", "centroid"
 };
 
 uint64_t row_bytes(const Tensor& t) { return t.ndim == 0 ? t.nbytes() : t.nbytes() / static_cast<uint64_t>(t.dim(0)); }
@@ -86,10 +85,11 @@ std::string rope_str(const RopeSpec& r, int head_dim) {
 }
 
 json layer_json(const LayerSpec& l) {
-  return json{{"index", l.index},         {"type", attn_type_name(l.attn)}, {"head_dim", l.head_dim},
-              {"kv_heads", l.n_kv_heads}, {"window", l.window},             {"kv_source", l.kv_source},
-              {"k_eq_v", l.k_eq_v},       {"d_ff", l.d_ff},                 {"moe", l.moe},
-              {"publishes_shared_kv", l.publishes_shared_kv}};
+  return json{{"index", l.index},       {"type", attn_type_name(l.attn)},
+              {"head_dim", l.head_dim}, {"kv_heads", l.n_kv_heads},
+              {"window", l.window},     {"kv_source", l.kv_source},
+              {"k_eq_v", l.k_eq_v},     {"d_ff", l.d_ff},
+              {"moe", l.moe},           {"publishes_shared_kv", l.publishes_shared_kv}};
 }
 
 json to_json(const InfoOptions& o, const ModelConfig& c, const SafetensorsModel& st, const Accounting& a) {
@@ -100,14 +100,22 @@ json to_json(const InfoOptions& o, const ModelConfig& c, const SafetensorsModel&
   j["model_type"] = c.model_type;
   j["weight_prefix"] = c.weight_prefix;
   j["files"] = st.files();
-  j["dims"] = {{"n_vocab", t.n_vocab},       {"d_model", t.d_model},
-               {"n_layers", t.n_layers},     {"n_heads", t.n_heads},
-               {"head_dim", t.head_dim},     {"n_kv_heads", t.n_kv_heads},
-               {"global_head_dim", t.global_head_dim}, {"n_global_kv_heads", t.n_global_kv_heads},
-               {"d_ff", t.d_ff},             {"sliding_window", t.sliding_window},
-               {"n_kv_shared_layers", t.n_kv_shared_layers}, {"ple_dim", t.ple_dim},
-               {"n_experts", t.n_experts},   {"top_k_experts", t.top_k_experts},
-               {"moe_d_ff", t.moe_d_ff},     {"max_position", t.max_position}};
+  j["dims"] = {{"n_vocab", t.n_vocab},
+               {"d_model", t.d_model},
+               {"n_layers", t.n_layers},
+               {"n_heads", t.n_heads},
+               {"head_dim", t.head_dim},
+               {"n_kv_heads", t.n_kv_heads},
+               {"global_head_dim", t.global_head_dim},
+               {"n_global_kv_heads", t.n_global_kv_heads},
+               {"d_ff", t.d_ff},
+               {"sliding_window", t.sliding_window},
+               {"n_kv_shared_layers", t.n_kv_shared_layers},
+               {"ple_dim", t.ple_dim},
+               {"n_experts", t.n_experts},
+               {"top_k_experts", t.top_k_experts},
+               {"moe_d_ff", t.moe_d_ff},
+               {"max_position", t.max_position}};
   j["final_logit_softcap"] = t.final_logit_softcap ? json(*t.final_logit_softcap) : json(nullptr);
   j["bos_id"] = c.bos_id;
   j["pad_id"] = c.pad_id;
@@ -118,8 +126,10 @@ json to_json(const InfoOptions& o, const ModelConfig& c, const SafetensorsModel&
   j["weight_bytes"] = a.bytes;
   j["weight_bytes_by_dtype"] = a.bytes_by_dtype;
   j["weight_bytes_per_token"] = a.bytes_per_token;
-  j["skipped"] = {{"tower_tensors", a.tower_tensors}, {"tower_bytes", a.tower_bytes},
-                  {"tower_parameters", a.tower_params}, {"other_bytes", a.other_skipped_bytes}};
+  j["skipped"] = {{"tower_tensors", a.tower_tensors},
+                  {"tower_bytes", a.tower_bytes},
+                  {"tower_parameters", a.tower_params},
+                  {"other_bytes", a.other_skipped_bytes}};
   j["kv_cache_bytes_per_token"] = a.kv_bytes_per_token;
   j["kv_cache_dtype"] = "f32";
   j["lm_head"] = a.lm_head;
@@ -142,8 +152,8 @@ void print_text(const InfoOptions& o, const ModelConfig& c, const SafetensorsMod
   for (const std::string& f : st.files()) std::printf("            %s\n", f.c_str());
   std::printf("dims        d_model %d, layers %d, heads %d, vocab %d, d_ff %d, max positions %d\n", t.d_model,
               t.n_layers, t.n_heads, t.n_vocab, t.d_ff, t.max_position);
-  std::printf("sliding     head_dim %d x %d KV heads, window %d, RoPE %s\n", t.head_dim, t.n_kv_heads,
-              t.sliding_window, rope_str(t.rope_sliding, t.head_dim).c_str());
+  std::printf("sliding     head_dim %d x %d KV heads, window %d, RoPE %s\n", t.head_dim, t.n_kv_heads, t.sliding_window,
+              rope_str(t.rope_sliding, t.head_dim).c_str());
   std::printf("full        head_dim %d x %d KV heads, RoPE %s%s\n", t.global_head_dim, t.n_global_kv_heads,
               rope_str(t.rope_full, t.global_head_dim).c_str(), t.attention_k_eq_v ? ", K=V" : "");
   if (c.is_assistant()) {
@@ -188,7 +198,10 @@ void print_text(const InfoOptions& o, const ModelConfig& c, const SafetensorsMod
     std::printf("; skipped %llu tower tensors, %s params, %s", static_cast<unsigned long long>(a.tower_tensors),
                 human_count(a.tower_params).c_str(), human_bytes(a.tower_bytes).c_str());
   }
-  if (a.other_skipped_bytes > 0) std::printf("; %s of unused k/v weights of KV-shared layers or stored tied lm_head", human_bytes(a.other_skipped_bytes).c_str());
+  if (a.other_skipped_bytes > 0) {
+    std::printf("; %s of unused k/v weights of KV-shared layers or stored tied lm_head",
+                human_bytes(a.other_skipped_bytes).c_str());
+  }
   std::printf("\nweights     %s", human_bytes(a.bytes).c_str());
   for (const auto& [dt, b] : a.bytes_by_dtype) std::printf(" (%s %s)", dt.c_str(), human_bytes(b).c_str());
   std::printf("\nper token   %s of weights read per %s token\n", human_bytes(a.bytes_per_token).c_str(),
