@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates
       nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libcpp-httplib-dev
-      clang libclang-rt-14-dev)
+      clang libclang-rt-14-dev libomp-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 command -v npm >/dev/null 2>&1 || missing+=(npm)
