@@ -55,6 +55,7 @@ void AddedTokenMatcher::add(std::string_view pattern, int32_t token) {
       nodes_.emplace_back();
       auto& kids = nodes_[static_cast<size_t>(node)].kids;
       kids.insert(std::lower_bound(kids.begin(), kids.end(), std::make_pair(b, INT32_MIN)), {b, next});
+      if (node == 0) root_[b] = next;
     }
     node = next;
   }
@@ -69,7 +70,7 @@ void AddedTokenMatcher::split(std::string_view text, const std::vector<AddedToke
   size_t i = 0;
   const size_t n = text.size();
   while (i < n) {
-    int32_t node = child(0, static_cast<uint8_t>(text[i]));
+    int32_t node = root_[static_cast<uint8_t>(text[i])];
     if (node < 0) {
       ++i;
       continue;

@@ -5,7 +5,9 @@
 // single_word / lstrip / rstrip follow HF's find_matches.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,6 +32,7 @@ struct SplitPiece {
 
 class AddedTokenMatcher {
  public:
+  AddedTokenMatcher() { std::fill(std::begin(root_), std::end(root_), -1); }
   // `pattern` is what is searched for (the content, or its normalized form); `token` indexes the token list.
   void add(std::string_view pattern, int32_t token);
   [[nodiscard]] bool empty() const { return n_patterns_ == 0; }
@@ -43,6 +46,7 @@ class AddedTokenMatcher {
   };
   [[nodiscard]] int32_t child(int32_t node, uint8_t b) const;
   std::vector<Node> nodes_{Node{}};  // node 0 is the root
+  int32_t root_[256];                // child of the root for each first byte, -1 if none (the hot lookup)
   int n_patterns_ = 0;
 };
 

@@ -79,18 +79,20 @@ Status run_tokenize(const TokenizeOptions& o) {
 void add_tokenize_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("tokenize", "Encode text with a checkpoint's tokenizer and print the token ids");
   auto opts = std::make_shared<TokenizeOptions>();
-  cmd->add_option("--tokenizer", opts->tokenizer, "tokenizer.json, or a checkpoint directory containing one")
-      ->required();
+  // Usage is checked in the callback (not with CLI11's required/excludes) so that usage errors exit with 2.
+  cmd->add_option("--tokenizer", opts->tokenizer, "tokenizer.json, or a checkpoint directory containing one (required)");
   auto* text = cmd->add_option("--text", opts->text, "Text to encode");
   auto* file = cmd->add_option("--file", opts->file, "File whose contents to encode (- for stdin)");
-  text->excludes(file);
-  file->excludes(text);
   cmd->add_flag("--json", opts->json, "Print {\"ids\": [...], \"tokens\": [...]}");
   cmd->add_flag("--no-special", opts->no_special, "Do not add the post-processor's special tokens (e.g. <bos>)");
   cmd->footer("Example: tandem tokenize --tokenizer models/gemma-4-E2B-it --text 'Hello world' --json");
   cmd->callback([&exit_code, opts, text, file] {
-    if (text->count() == 0 && file->count() == 0) {
-      std::fprintf(stderr, "tandem tokenize: one of --text or --file is required\n");
+    const char* usage = nullptr;
+    if (opts->tokenizer.empty()) usage = "--tokenizer is required";
+    else if (text->count() == 0 && file->count() == 0) usage = "one of --text or --file is required";
+    else if (text->count() > 0 && file->count() > 0) usage = "--text and --file cannot be used together";
+    if (usage != nullptr) {
+      std::fprintf(stderr, "tandem tokenize: %s (see tandem tokenize --help)\n", usage);
       exit_code = 2;
       return;
     }
