@@ -1,7 +1,7 @@
 // CUDA op lab (design.md §2, llm.c style): measures the device-to-device copy bandwidth as the floor, then times
 // linear() at Gemma 4 31B's MLP shape [T, 5376] x [21504, 5376]^T bf16 (decode GEMV and verify/prefill sizes) and
 // rms_norm, printing achieved GB/s (TFLOP/s for the large GEMM) and the ratio to the floor measured in this run.
-// Usage: cuda_bench [--quick]. Exits 0 with a message when there is no GPU.
+// Usage: cuda_bench [--quick]. Exits 0 with a message when there is no GPU, 1 on any device error.
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -49,8 +49,9 @@ bool fill_bf16(CudaBackend& be, const Buffer& dst, size_t n) {
 int run(bool quick) {
   auto made = CudaBackend::create(0);
   if (!made.ok()) {
-    std::printf("cuda_bench: skipped: %s\n", made.status().to_string().c_str());
-    return 0;
+    const bool has_gpu = cuda::device_count() > 0;  // a GPU the backend cannot use is a failure, not a skip
+    std::printf("cuda_bench: %s: %s\n", has_gpu ? "FAILED" : "skipped", made.status().to_string().c_str());
+    return has_gpu ? 1 : 0;
   }
   CudaBackend& be = **made;
   const cudaDeviceProp& p = be.properties();

@@ -3,14 +3,15 @@
 # build-gpu/, builds everything, runs every test through ctest (CPU and CUDA) and the CUDA op bench, and writes
 # the logs to $OUT (at most 8 files). Run from the repo root with .deps/ carried (scripts/prepare-device-deps.sh
 # fills it on the dev machine); carry .cache/ too for the tokenizer parity data. Exits non-zero on any failure,
-# including CUDA tests that skipped. Budget: GPU_CHECK_BUDGET_S seconds in all (default 540).
+# including CUDA tests that skipped. Budget: GPU_CHECK_BUDGET_S seconds in all (default 540); GPU_CHECK_BUILD_DIR
+# overrides the build folder.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 start=$SECONDS
 budget=${GPU_CHECK_BUDGET_S:-540}
-out=${OUT:-build-gpu/out}
+build=${GPU_CHECK_BUILD_DIR:-build-gpu}
+out=${OUT:-$build/out}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
-build=build-gpu
 jobs=$(nproc)
 left() { echo $((budget - (SECONDS - start))); }
 declare -a summary=()
