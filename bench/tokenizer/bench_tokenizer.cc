@@ -2,6 +2,7 @@
 // 5 MB/s of English on one core). Measures load time (best and median of several loads), encode throughput on
 // deterministic English-like text (first pass with the per-thread word cache cold, then warm), and one-shot and
 // streaming decode. --results appends the numbers to bench/RESULTS.md (date | machine | command | number).
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -13,8 +14,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "core/strings.h"
 #include "tokenizer/tokenizer.h"
@@ -49,25 +48,33 @@ std::string today() {
 // first, then pronounceable made-up ones, so rare words keep missing the cache), sentences, paragraphs.
 std::string english_like(size_t bytes) {
   static const char* kWords[] = {
-      "the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on",
-      "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "had", "they", "you",
-      "were", "their", "one", "all", "we", "can", "her", "has", "there", "been", "if", "more", "when", "will",
-      "would", "who", "so", "no", "time", "people", "year", "way", "day", "man", "thing", "woman", "life",
-      "child", "world", "school", "state", "family", "student", "group", "country", "problem", "hand", "part",
-      "place", "case", "week", "company", "system", "program", "question", "work", "government", "number",
-      "night", "point", "home", "water", "room", "mother", "area", "money", "story", "fact", "month", "lot",
-      "right", "study", "book", "eye", "job", "word", "business", "issue", "side", "kind", "head", "house",
-      "service", "friend", "father", "power", "hour", "game", "line", "end", "member", "law", "car", "city",
-      "community", "name", "president", "team", "minute", "idea", "kid", "body", "information", "back",
-      "parent", "face", "others", "level", "office", "door", "health", "person", "art", "war", "history",
-      "party", "result", "change", "morning", "reason", "research", "girl", "guy", "moment", "air", "teacher",
-      "force", "education", "good", "new", "first", "last", "long", "great", "little", "own", "other", "old",
-      "big", "high", "different", "small", "large", "next", "early", "young", "important", "few", "public",
-      "bad", "same", "able", "said", "made", "went", "found", "thought", "told", "became", "showed", "brought",
-      "however", "therefore", "although", "because", "through", "between", "without", "against", "during"};
+      "the",      "of",        "and",     "to",          "in",        "a",          "is",      "that",
+      "for",      "it",        "as",      "was",         "with",      "be",         "by",      "on",
+      "not",      "he",        "this",    "are",         "or",        "his",        "from",    "at",
+      "which",    "but",       "have",    "an",          "had",       "they",       "you",     "were",
+      "their",    "one",       "all",     "we",          "can",       "her",        "has",     "there",
+      "been",     "if",        "more",    "when",        "will",      "would",      "who",     "so",
+      "no",       "time",      "people",  "year",        "way",       "day",        "man",     "thing",
+      "woman",    "life",      "child",   "world",       "school",    "state",      "family",  "student",
+      "group",    "country",   "problem", "hand",        "part",      "place",      "case",    "week",
+      "company",  "system",    "program", "question",    "work",      "government", "number",  "night",
+      "point",    "home",      "water",   "room",        "mother",    "area",       "money",   "story",
+      "fact",     "month",     "lot",     "right",       "study",     "book",       "eye",     "job",
+      "word",     "business",  "issue",   "side",        "kind",      "head",       "house",   "service",
+      "friend",   "father",    "power",   "hour",        "game",      "line",       "end",     "member",
+      "law",      "car",       "city",    "community",   "name",      "president",  "team",    "minute",
+      "idea",     "kid",       "body",    "information", "back",      "parent",     "face",    "others",
+      "level",    "office",    "door",    "health",      "person",    "art",        "war",     "history",
+      "party",    "result",    "change",  "morning",     "reason",    "research",   "girl",    "guy",
+      "moment",   "air",       "teacher", "force",       "education", "good",       "new",     "first",
+      "last",     "long",      "great",   "little",      "own",       "other",      "old",     "big",
+      "high",     "different", "small",   "large",       "next",      "early",      "young",   "important",
+      "few",      "public",    "bad",     "same",        "able",      "said",       "made",    "went",
+      "found",    "thought",   "told",    "became",      "showed",    "brought",    "however", "therefore",
+      "although", "because",   "through", "between",     "without",   "against",    "during"};
   const size_t n_real = sizeof(kWords) / sizeof(kWords[0]);
-  static const char* kSyl[] = {"ka", "ro", "ten", "mi", "sa", "lo", "ver", "den", "ta", "ri", "con", "pro",
-                               "ble", "tion", "al", "ment", "ing", "er", "an", "st", "qu", "ph", "ex", "ly"};
+  static const char* kSyl[] = {"ka",  "ro",   "ten", "mi",   "sa",  "lo", "ver", "den", "ta", "ri", "con", "pro",
+                               "ble", "tion", "al",  "ment", "ing", "er", "an",  "st",  "qu", "ph", "ex",  "ly"};
   std::vector<std::string> vocab(kWords, kWords + n_real);
   uint64_t s = 0x243F6A8885A308D3ull;
   auto next = [&s]() {
@@ -161,8 +168,9 @@ int main(int argc, char** argv) {
     tok = std::move(t).value();
   }
   std::sort(load_s.begin(), load_s.end());
-  rep.add(strfmt("tokenizer load (%zu tokens, %zu merges): best %.3f s, median %.3f s of %zu", tok->model().vocab_size(),
-                 tok->model().merge_count(), load_s.front(), load_s[load_s.size() / 2], load_s.size()));
+  rep.add(strfmt("tokenizer load (%zu tokens, %zu merges): best %.3f s, median %.3f s of %zu",
+                 tok->model().vocab_size(), tok->model().merge_count(), load_s.front(), load_s[load_s.size() / 2],
+                 load_s.size()));
 
   std::string text;
   std::string source;

@@ -11,8 +11,7 @@ namespace {
 // Rust regex `\s` (Unicode White_Space).
 bool is_white_space(char32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
-         cp == 0x3000;
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
 // Rust regex `\w` (Unicode word character), approximated without Unicode tables: ASCII letters, digits and '_';
@@ -22,9 +21,9 @@ bool is_word_char(char32_t cp) {
   if (is_white_space(cp)) return false;
   if (cp >= 0x80 && cp <= 0xBF) return cp == 0xAA || cp == 0xB5 || cp == 0xBA;
   if (cp == 0xD7 || cp == 0xF7) return false;
-  if (cp >= 0x2000 && cp <= 0x2BFF) return false;  // punctuation, symbols, arrows, math, boxes
-  if (cp >= 0x3000 && cp <= 0x303F) return false;  // CJK punctuation
-  if (cp >= 0xFF00 && cp <= 0xFF0F) return false;  // full-width punctuation
+  if (cp >= 0x2000 && cp <= 0x2BFF) return false;    // punctuation, symbols, arrows, math, boxes
+  if (cp >= 0x3000 && cp <= 0x303F) return false;    // CJK punctuation
+  if (cp >= 0xFF00 && cp <= 0xFF0F) return false;    // full-width punctuation
   if (cp >= 0x1F000 && cp <= 0x1FAFF) return false;  // emoji and pictographs
   return true;
 }
@@ -94,7 +93,7 @@ void AddedTokenMatcher::split(std::string_view text, const std::vector<AddedToke
     }
     const AddedToken& tok = tokens[static_cast<size_t>(best)];
     size_t start = i, stop = best_end;
-    i = best_end;  // the scan resumes after the match, whatever happens to it
+    i = best_end;                        // the scan resumes after the match, whatever happens to it
     if (start < start_offset) continue;  // inside whitespace an earlier rstrip token took
     if (tok.single_word) {
       int len = 0;

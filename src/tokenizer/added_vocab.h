@@ -41,7 +41,7 @@ class AddedTokenMatcher {
 
  private:
   struct Node {
-    int32_t terminal = -1;                       // token index if a pattern ends here
+    int32_t terminal = -1;                          // token index if a pattern ends here
     std::vector<std::pair<uint8_t, int32_t>> kids;  // sorted by byte
   };
   [[nodiscard]] int32_t child(int32_t node, uint8_t b) const;

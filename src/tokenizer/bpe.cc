@@ -74,8 +74,8 @@ Status BpeModel::add_merges(const std::vector<MergeText>& merges, uint32_t first
       vocab_.prefetch(ha[j]);
       vocab_.prefetch(hb[j]);
       if (m.b.size() < prefix) {
-        return corrupt(strfmt("merge %zu: \"%.*s\" is shorter than the continuing-subword prefix", first_rank + base + j,
-                              (int)m.b.size(), m.b.data()));
+        return corrupt(strfmt("merge %zu: \"%.*s\" is shorter than the continuing-subword prefix",
+                              first_rank + base + j, (int)m.b.size(), m.b.data()));
       }
       merged[j].assign(m.a).append(m.b.substr(prefix));
       hm[j] = hash_bytes(merged[j].data(), merged[j].size());
@@ -280,7 +280,8 @@ void BpeModel::merge_heap(const PairMap& merges, std::vector<Symbol>* syms) {
       }
     }
     if (left.next != -1) {
-      if (const PairMap::Value* p = merges.find(left.id, s[left.next].id)) queue.push(Merge{p->rank, top.pos, p->new_id});
+      if (const PairMap::Value* p = merges.find(left.id, s[left.next].id))
+        queue.push(Merge{p->rank, top.pos, p->new_id});
     }
   }
   size_t w = 0;

@@ -74,11 +74,11 @@ class BpeModel {
   Status encode_segment(std::string_view seg, std::vector<int32_t>* ids) const;
 
   BpeOptions opts_;
-  StringTable vocab_;                  // token -> id
-  std::vector<int32_t> index_of_id_;   // [max id + 1] string index in vocab_, -1 if the id has no token
-  PairMap merges_;                     // (a, b) -> (rank, id of a+b)
-  int32_t ascii_id_[128];              // id of each one-byte character, kNoId if absent
-  int32_t byte_id_[256];               // id of <0xXX>, kNoId if absent
+  StringTable vocab_;                 // token -> id
+  std::vector<int32_t> index_of_id_;  // [max id + 1] string index in vocab_, -1 if the id has no token
+  PairMap merges_;                    // (a, b) -> (rank, id of a+b)
+  int32_t ascii_id_[128];             // id of each one-byte character, kNoId if absent
+  int32_t byte_id_[256];              // id of <0xXX>, kNoId if absent
   bool have_all_bytes_ = false;
   int32_t unk_id_ = kNoId;
   // Safe cut points: before U+2581 unless the previous character may end the left side of a merge whose right

@@ -3,9 +3,8 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/strings.h"
 #include "tokenizer/tokenizer.h"
@@ -36,17 +35,22 @@ Result<ChatRole> parse_chat_role(std::string_view name) {
   if (name == "user") return ChatRole::kUser;
   if (name == "assistant") return ChatRole::kAssistant;
   if (name == "model") return ChatRole::kModel;
-  return invalid_argument(strfmt("unknown chat role \"%.*s\" (system, developer, user, assistant, model)",
-                                 (int)name.size(), name.data()));
+  return invalid_argument(
+      strfmt("unknown chat role \"%.*s\" (system, developer, user, assistant, model)", (int)name.size(), name.data()));
 }
 
 const char* chat_role_name(ChatRole role) {
   switch (role) {
-    case ChatRole::kSystem: return "system";
-    case ChatRole::kDeveloper: return "developer";
-    case ChatRole::kUser: return "user";
-    case ChatRole::kAssistant: return "assistant";
-    case ChatRole::kModel: return "model";
+    case ChatRole::kSystem:
+      return "system";
+    case ChatRole::kDeveloper:
+      return "developer";
+    case ChatRole::kUser:
+      return "user";
+    case ChatRole::kAssistant:
+      return "assistant";
+    case ChatRole::kModel:
+      return "model";
   }
   return "?";
 }
@@ -112,7 +116,8 @@ std::string strip_thinking(std::string_view text) {
   size_t pos = 0;
   while (true) {
     const size_t close = text.find(kChannelClose, pos);
-    const std::string_view part = text.substr(pos, close == std::string_view::npos ? std::string_view::npos : close - pos);
+    const std::string_view part =
+        text.substr(pos, close == std::string_view::npos ? std::string_view::npos : close - pos);
     const size_t open = part.find(kChannelOpen);
     result.append(part.substr(0, open));
     if (close == std::string_view::npos) break;

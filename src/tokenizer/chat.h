@@ -37,12 +37,12 @@ struct ChatOptions {
 
 // The points where published Gemma 4 template revisions differ, for plain-text conversations.
 struct ChatTemplateStyle {
-  bool emit_bos = true;                     // the template writes bos_token first
+  bool emit_bos = true;  // the template writes bos_token first
   std::string bos = "<bos>";
   std::string think_marker = "<|think|>\n";  // early revisions: "<|think|>" with no newline
-  bool empty_thought_channel = true;        // thinking off: generation prompt ends "<|channel>thought\n<channel|>"
-  bool continue_model_turns = true;         // an assistant message right after an assistant message adds no
-                                            // new "<|turn>model\n" (newest revision)
+  bool empty_thought_channel = true;         // thinking off: generation prompt ends "<|channel>thought\n<channel|>"
+  bool continue_model_turns = true;          // an assistant message right after an assistant message adds no
+                                             // new "<|turn>model\n" (newest revision)
 };
 
 // "system", "developer", "user", "assistant", "model" -> role; kInvalidArgument otherwise.

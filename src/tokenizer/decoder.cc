@@ -107,7 +107,8 @@ Status DecoderConfig::add(const json& j) {
       return corrupt("decoder Strip: bad \"content\", \"start\" or \"stop\"");
     }
     s.content = j["content"].get<std::string>();
-    if (s.content.empty() || static_cast<size_t>(utf8_seq_len(static_cast<uint8_t>(s.content[0]))) != s.content.size()) {
+    if (s.content.empty() ||
+        static_cast<size_t>(utf8_seq_len(static_cast<uint8_t>(s.content[0]))) != s.content.size()) {
       return corrupt("decoder Strip: \"content\" must be one character");
     }
     s.start = static_cast<int>(std::min<uint64_t>(j["start"].get<uint64_t>(), 1u << 20));

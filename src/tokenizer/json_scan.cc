@@ -69,14 +69,30 @@ Status JsonCursor::read_string(std::string_view* out, std::string* scratch) {
     const char e = text_[pos_ + 1];
     pos_ += 2;
     switch (e) {
-      case '"': scratch->push_back('"'); break;
-      case '\\': scratch->push_back('\\'); break;
-      case '/': scratch->push_back('/'); break;
-      case 'b': scratch->push_back('\b'); break;
-      case 'f': scratch->push_back('\f'); break;
-      case 'n': scratch->push_back('\n'); break;
-      case 'r': scratch->push_back('\r'); break;
-      case 't': scratch->push_back('\t'); break;
+      case '"':
+        scratch->push_back('"');
+        break;
+      case '\\':
+        scratch->push_back('\\');
+        break;
+      case '/':
+        scratch->push_back('/');
+        break;
+      case 'b':
+        scratch->push_back('\b');
+        break;
+      case 'f':
+        scratch->push_back('\f');
+        break;
+      case 'n':
+        scratch->push_back('\n');
+        break;
+      case 'r':
+        scratch->push_back('\r');
+        break;
+      case 't':
+        scratch->push_back('\t');
+        break;
       case 'u': {
         auto read4 = [&](uint32_t* v) -> bool {
           if (pos_ + 4 > text_.size()) return false;

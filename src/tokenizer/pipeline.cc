@@ -113,12 +113,18 @@ Status PreTokenizer::add(const json& j) {
     TANDEM_TRY(literal_pattern(j, "pre_tokenizer Split", &s.pattern));
     std::string b;
     TANDEM_TRY(string_field(j, "behavior", "pre_tokenizer Split", &b));
-    if (b == "Removed") s.behavior = Behavior::kRemoved;
-    else if (b == "Isolated") s.behavior = Behavior::kIsolated;
-    else if (b == "MergedWithPrevious") s.behavior = Behavior::kMergedWithPrevious;
-    else if (b == "MergedWithNext") s.behavior = Behavior::kMergedWithNext;
-    else if (b == "Contiguous") s.behavior = Behavior::kContiguous;
-    else return corrupt(strfmt("pre_tokenizer Split: unknown behavior \"%s\"", b.c_str()));
+    if (b == "Removed")
+      s.behavior = Behavior::kRemoved;
+    else if (b == "Isolated")
+      s.behavior = Behavior::kIsolated;
+    else if (b == "MergedWithPrevious")
+      s.behavior = Behavior::kMergedWithPrevious;
+    else if (b == "MergedWithNext")
+      s.behavior = Behavior::kMergedWithNext;
+    else if (b == "Contiguous")
+      s.behavior = Behavior::kContiguous;
+    else
+      return corrupt(strfmt("pre_tokenizer Split: unknown behavior \"%s\"", b.c_str()));
     if (j.contains("invert")) {
       if (!j["invert"].is_boolean()) return corrupt("pre_tokenizer Split: \"invert\" is not a boolean");
       s.invert = j["invert"].get<bool>();

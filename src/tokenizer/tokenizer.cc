@@ -41,8 +41,8 @@ Result<json> parse_section(std::string_view raw, const std::string& source, cons
 }
 
 struct Sections {
-  std::map<std::string, std::string_view> top;    // raw text of each top-level value but "model"
-  std::map<std::string, std::string_view> model;  // raw text of each "model" field
+  std::map<std::string, std::string_view> top;       // raw text of each top-level value but "model"
+  std::map<std::string, std::string_view> model;     // raw text of each "model" field
   std::map<std::string, size_t> model_field_offset;  // byte offset of each "model" field, for messages
   bool have_model = false;
 };
@@ -177,7 +177,8 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::load(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     file = (std::filesystem::path(path) / "tokenizer.json").string();
-    if (!std::filesystem::exists(file, ec)) return not_found(strfmt("%s: no tokenizer.json in this directory", path.c_str()));
+    if (!std::filesystem::exists(file, ec))
+      return not_found(strfmt("%s: no tokenizer.json in this directory", path.c_str()));
   }
   TANDEM_ASSIGN_OR_RETURN(std::string text, read_file(file));
   return from_json_text(text, file);
@@ -192,13 +193,15 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_text(std::string_view te
 
   if (auto it = sec.top.find("version"); it != sec.top.end()) {
     TANDEM_ASSIGN_OR_RETURN(json v, parse_section(it->second, source, "version"));
-    if (v != "1.0") return unsupported(strfmt("%s: unknown tokenizer.json version %s", source.c_str(), v.dump().c_str()));
+    if (v != "1.0")
+      return unsupported(strfmt("%s: unknown tokenizer.json version %s", source.c_str(), v.dump().c_str()));
   }
   if (!sec.have_model) return corrupt(strfmt("%s: missing \"model\"", source.c_str()));
   std::string type;
   TANDEM_TRY(optional_field(sec, source, "type", &type));
   if (type.empty()) return corrupt(strfmt("%s: model has no \"type\"", source.c_str()));
-  if (type != "BPE") return unsupported(strfmt("%s: model type \"%s\" is not supported (only BPE)", source.c_str(), type.c_str()));
+  if (type != "BPE")
+    return unsupported(strfmt("%s: model type \"%s\" is not supported (only BPE)", source.c_str(), type.c_str()));
 
   BpeOptions opts;
   std::string unk;
@@ -254,13 +257,15 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_text(std::string_view te
   }
   for (const char* key : {"truncation", "padding"}) {
     TANDEM_ASSIGN_OR_RETURN(json j, section(key));
-    if (!j.is_null()) TANDEM_LOG_DEBUG("%s: ignoring \"%s\" (a batching policy, not part of encoding)", source.c_str(), key);
+    if (!j.is_null())
+      TANDEM_LOG_DEBUG("%s: ignoring \"%s\" (a batching policy, not part of encoding)", source.c_str(), key);
   }
 
   // Added tokens, in file order, the way HF's deserializer adds them: a token already in the vocabulary keeps
   // that id, a new one takes the next id after the vocabulary and the added tokens so far.
   TANDEM_ASSIGN_OR_RETURN(json added, section("added_tokens"));
-  if (!added.is_null() && !added.is_array()) return corrupt(strfmt("%s: \"added_tokens\" is not an array", source.c_str()));
+  if (!added.is_null() && !added.is_array())
+    return corrupt(strfmt("%s: \"added_tokens\" is not an array", source.c_str()));
   const auto model_size = static_cast<int32_t>(t->bpe_.vocab_size());
   int32_t max_added = -1;
   std::vector<int32_t> order_special, order_plain;
@@ -269,7 +274,8 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_text(std::string_view te
       const json& a = added[k];
       if (!a.is_object() || !a.contains("content") || !a["content"].is_string() || !a.contains("id") ||
           !a["id"].is_number_integer()) {
-        return corrupt(strfmt("%s: added_tokens[%zu] needs a string \"content\" and an integer \"id\"", source.c_str(), k));
+        return corrupt(
+            strfmt("%s: added_tokens[%zu] needs a string \"content\" and an integer \"id\"", source.c_str(), k));
       }
       AddedToken tok;
       tok.content = a["content"].get<std::string>();
@@ -327,7 +333,8 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_text(std::string_view te
   int32_t limit = t->bpe_.id_limit();
   for (const AddedToken& tok : t->added_) limit = std::max(limit, tok.id + 1);
   t->added_of_id_.assign(static_cast<size_t>(limit), -1);
-  for (size_t k = 0; k < t->added_.size(); ++k) t->added_of_id_[static_cast<size_t>(t->added_[k].id)] = static_cast<int32_t>(k);
+  for (size_t k = 0; k < t->added_.size(); ++k)
+    t->added_of_id_[static_cast<size_t>(t->added_[k].id)] = static_cast<int32_t>(k);
   StringTable special_contents;
   for (const AddedToken& tok : t->added_) {
     if (tok.special) (void)special_contents.add(tok.content, 0);
@@ -342,10 +349,12 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_text(std::string_view te
     if (t->bpe_.token_to_id(tok.content) == BpeModel::kNoId) ++t->vocab_size_;
   }
   for (int32_t id : t->post_.prefix()) {
-    if (!t->id_to_token(id)) return corrupt(strfmt("%s: post_processor uses id %d, which has no token", source.c_str(), id));
+    if (!t->id_to_token(id))
+      return corrupt(strfmt("%s: post_processor uses id %d, which has no token", source.c_str(), id));
   }
   for (int32_t id : t->post_.suffix()) {
-    if (!t->id_to_token(id)) return corrupt(strfmt("%s: post_processor uses id %d, which has no token", source.c_str(), id));
+    if (!t->id_to_token(id))
+      return corrupt(strfmt("%s: post_processor uses id %d, which has no token", source.c_str(), id));
   }
   return t;
 }

@@ -78,10 +78,10 @@ class Tokenizer {
   std::string source_;
   BpeModel bpe_;
   std::vector<AddedToken> added_;
-  StringTable added_by_content_;        // content -> index into added_
-  std::vector<int32_t> added_of_id_;    // [id_limit] index into added_, -1 if none
-  std::vector<bool> special_;           // [id_limit]
-  AddedTokenMatcher raw_matcher_;       // normalized=false tokens, matched on the input text
+  StringTable added_by_content_;          // content -> index into added_
+  std::vector<int32_t> added_of_id_;      // [id_limit] index into added_, -1 if none
+  std::vector<bool> special_;             // [id_limit]
+  AddedTokenMatcher raw_matcher_;         // normalized=false tokens, matched on the input text
   AddedTokenMatcher normalized_matcher_;  // normalized=true tokens, matched on normalized pieces
   Normalizer normalizer_;
   PreTokenizer pre_tokenizer_;

@@ -44,8 +44,8 @@ size_t utf8_invalid_offset(std::string_view s) {
 Status validate_utf8(std::string_view s, const char* what) {
   const size_t bad = utf8_invalid_offset(s);
   if (bad == s.size()) return ok_status();
-  return invalid_argument(strfmt("%s: invalid UTF-8 at byte %zu (0x%02X)", what, bad,
-                                 static_cast<unsigned>(static_cast<uint8_t>(s[bad]))));
+  return invalid_argument(
+      strfmt("%s: invalid UTF-8 at byte %zu (0x%02X)", what, bad, static_cast<unsigned>(static_cast<uint8_t>(s[bad]))));
 }
 
 char32_t utf8_decode(std::string_view s, size_t i, int* len) {
@@ -89,10 +89,24 @@ void utf8_append(std::string* out, char32_t cp) {
 bool is_python_space(char32_t cp) {
   // CPython's _PyUnicode_IsWhitespace: bidirectional types WS, B, S plus category Zs.
   switch (cp) {
-    case 0x09: case 0x0A: case 0x0B: case 0x0C: case 0x0D:
-    case 0x1C: case 0x1D: case 0x1E: case 0x1F: case 0x20:
-    case 0x85: case 0xA0: case 0x1680:
-    case 0x2028: case 0x2029: case 0x202F: case 0x205F: case 0x3000:
+    case 0x09:
+    case 0x0A:
+    case 0x0B:
+    case 0x0C:
+    case 0x0D:
+    case 0x1C:
+    case 0x1D:
+    case 0x1E:
+    case 0x1F:
+    case 0x20:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000:
       return true;
     default:
       return cp >= 0x2000 && cp <= 0x200A;

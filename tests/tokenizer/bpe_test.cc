@@ -91,10 +91,20 @@ TEST(Bpe, BothMergeFormatsGiveTheSameTokenizer) {
 TEST(Bpe, SpecialAndAddedTokensAreMatchedInText) {
   FixtureSpec s = abc_spec();
   const int next = 4 + 256 + static_cast<int>(s.tokens.size());
-  s.extra_added.push_back({{"id", next}, {"content", "<|x|>"}, {"single_word", false}, {"lstrip", false},
-                           {"rstrip", false}, {"normalized", false}, {"special", false}});
-  s.extra_added.push_back({{"id", next + 1}, {"content", "<|xy|>"}, {"single_word", false}, {"lstrip", false},
-                           {"rstrip", false}, {"normalized", false}, {"special", true}});
+  s.extra_added.push_back({{"id", next},
+                           {"content", "<|x|>"},
+                           {"single_word", false},
+                           {"lstrip", false},
+                           {"rstrip", false},
+                           {"normalized", false},
+                           {"special", false}});
+  s.extra_added.push_back({{"id", next + 1},
+                           {"content", "<|xy|>"},
+                           {"single_word", false},
+                           {"lstrip", false},
+                           {"rstrip", false},
+                           {"normalized", false},
+                           {"special", true}});
   auto t = build(s);
   ASSERT_TRUE(t);
   const int32_t x = *t->token_to_id("<|x|>"), xy = *t->token_to_id("<|xy|>");
@@ -119,8 +129,13 @@ TEST(Bpe, AddedTokenFlags) {
   FixtureSpec s = abc_spec();
   int next = 4 + 256 + static_cast<int>(s.tokens.size());
   auto added = [&](const char* content, bool lstrip, bool rstrip, bool single_word) {
-    s.extra_added.push_back({{"id", next++}, {"content", content}, {"single_word", single_word}, {"lstrip", lstrip},
-                             {"rstrip", rstrip}, {"normalized", false}, {"special", false}});
+    s.extra_added.push_back({{"id", next++},
+                             {"content", content},
+                             {"single_word", single_word},
+                             {"lstrip", lstrip},
+                             {"rstrip", rstrip},
+                             {"normalized", false},
+                             {"special", false}});
   };
   added("[L]", true, false, false);
   added("[R]", false, true, false);
@@ -141,8 +156,13 @@ TEST(Bpe, AddedTokenFlags) {
 
 TEST(Bpe, NormalizedAddedTokensMatchAfterNormalization) {
   FixtureSpec s = abc_spec();
-  s.extra_added.push_back({{"id", 4 + 256 + static_cast<int>(s.tokens.size())}, {"content", "a b"}, {"single_word", false}, {"lstrip", false},
-                           {"rstrip", false}, {"normalized", true}, {"special", false}});
+  s.extra_added.push_back({{"id", 4 + 256 + static_cast<int>(s.tokens.size())},
+                           {"content", "a b"},
+                           {"single_word", false},
+                           {"lstrip", false},
+                           {"rstrip", false},
+                           {"normalized", true},
+                           {"special", false}});
   auto t = build(s);
   ASSERT_TRUE(t);
   const int32_t ab = *t->token_to_id("a b");

@@ -2,17 +2,16 @@
 // (tools/fixtures/tokenizer/chat_render.py -> tests/fixtures/tokenizer/chat_renders.jsonl), plus checks of the
 // rules read from the template: system turn, thinking marker, trimming, thought stripping, generation prompt,
 // and the style detection that adapts to other revisions of the template.
-#include <gtest/gtest.h>
+#include "tokenizer/chat.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
-#include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_fixture.h"
 
@@ -65,8 +64,10 @@ TEST(Chat, MatchesJinjaRendersOfTheOfficialTemplate) {
 }
 
 TEST(Chat, TurnStructure) {
-  const std::vector<ChatMessage> m = {{ChatRole::kSystem, "Be brief."}, {ChatRole::kUser, "Hi"},
-                                      {ChatRole::kAssistant, "Hello."}, {ChatRole::kUser, "Bye"}};
+  const std::vector<ChatMessage> m = {{ChatRole::kSystem, "Be brief."},
+                                      {ChatRole::kUser, "Hi"},
+                                      {ChatRole::kAssistant, "Hello."},
+                                      {ChatRole::kUser, "Bye"}};
   EXPECT_EQ(fmt(m),
             "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\nHello.<turn|>\n"
             "<|turn>user\nBye<turn|>\n<|turn>model\n<|channel>thought\n<channel|>");
@@ -150,8 +151,13 @@ TEST(Chat, EncodesMarkersAsSingleTokens) {
   spec.merges = {{"H", "i"}};
   int next = 4 + 256 + static_cast<int>(spec.tokens.size());
   for (const char* t : {"<|turn>", "<turn|>", "<|channel>", "<channel|>", "<|think|>"}) {
-    spec.extra_added.push_back({{"id", next++}, {"content", t}, {"single_word", false}, {"lstrip", false},
-                                {"rstrip", false}, {"normalized", false}, {"special", true}});
+    spec.extra_added.push_back({{"id", next++},
+                                {"content", t},
+                                {"single_word", false},
+                                {"lstrip", false},
+                                {"rstrip", false},
+                                {"normalized", false},
+                                {"special", true}});
   }
   auto tok = Tokenizer::from_json_text(testing::make_tokenizer_json(spec).dump(), "fixture.json");
   ASSERT_TRUE(tok.ok()) << tok.status().to_string();

@@ -57,8 +57,8 @@ TEST(StreamDecoder, HoldsByteRunsUntilTheyEnd) {
   auto t = build(base_json());
   ASSERT_TRUE(t);
   // a 😀 ▁b  (😀 = F0 9F 98 80 as four byte tokens)
-  const std::vector<int32_t> ids = {id(*t, "a"), byte(*t, 0xF0), byte(*t, 0x9F), byte(*t, 0x98), byte(*t, 0x80),
-                                    id(*t, kSp + "b")};
+  const std::vector<int32_t> ids = {id(*t, "a"),    byte(*t, 0xF0), byte(*t, 0x9F),
+                                    byte(*t, 0x98), byte(*t, 0x80), id(*t, kSp + "b")};
   const std::vector<std::string> chunks = stream(*t, ids);
   EXPECT_EQ(chunks, (std::vector<std::string>{"a", "", "", "", "", "\xF0\x9F\x98\x80 b", ""}));
   EXPECT_EQ(joined(chunks), t->decode(ids));
@@ -75,9 +75,10 @@ TEST(StreamDecoder, InvalidRunsBecomeOneReplacementPerByte) {
   EXPECT_EQ(t->decode(std::vector<int32_t>{byte(*t, 0xE2), byte(*t, 0x82), byte(*t, 0xAC), byte(*t, 0xFF)}),
             kFffd + kFffd + kFffd + kFffd);
   // Two runs separated by a token are decoded separately.
-  EXPECT_EQ(t->decode(std::vector<int32_t>{byte(*t, 0xE2), byte(*t, 0x82), byte(*t, 0xAC), id(*t, "b"),
-                                           byte(*t, 0x41)}),
-            "\xE2\x82\xAC" "bA");
+  EXPECT_EQ(
+      t->decode(std::vector<int32_t>{byte(*t, 0xE2), byte(*t, 0x82), byte(*t, 0xAC), id(*t, "b"), byte(*t, 0x41)}),
+      "\xE2\x82\xAC"
+      "bA");
 }
 
 TEST(StreamDecoder, ChunksAreValidUtf8AndMatchDecode) {
@@ -123,9 +124,10 @@ TEST(StreamDecoder, TrailingStripIsHeldUntilMoreTextOrTheEnd) {
 
 TEST(StreamDecoder, ReplaceAfterFuseMatchesAcrossTokens) {
   json j = base_json();
-  j["decoder"] = {{"type", "Sequence"},
-                  {"decoders", json::array({{{"type", "Fuse"}},
-                                            {{"type", "Replace"}, {"pattern", {{"String", "ab"}}}, {"content", "X"}}})}};
+  j["decoder"] = {
+      {"type", "Sequence"},
+      {"decoders",
+       json::array({{{"type", "Fuse"}}, {{"type", "Replace"}, {"pattern", {{"String", "ab"}}}, {"content", "X"}}})}};
   auto t = build(j);
   ASSERT_TRUE(t);
   EXPECT_EQ(stream(*t, {id(*t, "a"), id(*t, "b"), id(*t, "a")}), (std::vector<std::string>{"", "X", "", "a"}));

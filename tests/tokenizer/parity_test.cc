@@ -9,9 +9,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "core/strings.h"
 #include "tokenizer/tokenizer.h"
@@ -144,8 +143,8 @@ TEST_F(GemmaTokenizer, MatchesHfTokenizers) {
       Result<std::vector<int32_t>> plain = tok_->encode(text, {.add_special_tokens = false});
       ASSERT_TRUE(got.ok() && plain.ok());
       if (*got != ids) {
-        report(strfmt("corpus id %lld: encode %s, HF %s", (long long)cid, show_ids(*got).c_str(),
-                      show_ids(ids).c_str()));
+        report(
+            strfmt("corpus id %lld: encode %s, HF %s", (long long)cid, show_ids(*got).c_str(), show_ids(ids).c_str()));
       }
       if (*plain != e["ids_plain"].get<std::vector<int32_t>>()) {
         report(strfmt("corpus id %lld: encode without special tokens differs", (long long)cid));

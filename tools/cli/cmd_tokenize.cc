@@ -3,9 +3,8 @@
 // JSON {"ids": [...], "tokens": [...]} or as a table of index, id and token. Exit 1 on errors, 2 on usage.
 #include <cstdio>
 #include <memory>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "commands.h"
 #include "core/strings.h"
@@ -40,12 +39,18 @@ std::string printable(std::string_view s) {
   std::string r;
   for (char c : s) {
     const auto u = static_cast<unsigned char>(c);
-    if (c == '\n') r += "\\n";
-    else if (c == '\t') r += "\\t";
-    else if (c == '\r') r += "\\r";
-    else if (c == '\\') r += "\\\\";
-    else if (u < 0x20 || u == 0x7F) r += strfmt("\\x%02X", u);
-    else r.push_back(c);
+    if (c == '\n')
+      r += "\\n";
+    else if (c == '\t')
+      r += "\\t";
+    else if (c == '\r')
+      r += "\\r";
+    else if (c == '\\')
+      r += "\\\\";
+    else if (u < 0x20 || u == 0x7F)
+      r += strfmt("\\x%02X", u);
+    else
+      r.push_back(c);
   }
   return r;
 }
@@ -80,7 +85,8 @@ void add_tokenize_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("tokenize", "Encode text with a checkpoint's tokenizer and print the token ids");
   auto opts = std::make_shared<TokenizeOptions>();
   // Usage is checked in the callback (not with CLI11's required/excludes) so that usage errors exit with 2.
-  cmd->add_option("--tokenizer", opts->tokenizer, "tokenizer.json, or a checkpoint directory containing one (required)");
+  cmd->add_option("--tokenizer", opts->tokenizer,
+                  "tokenizer.json, or a checkpoint directory containing one (required)");
   auto* text = cmd->add_option("--text", opts->text, "Text to encode");
   auto* file = cmd->add_option("--file", opts->file, "File whose contents to encode (- for stdin)");
   cmd->add_flag("--json", opts->json, "Print {\"ids\": [...], \"tokens\": [...]}");
@@ -88,9 +94,12 @@ void add_tokenize_command(CLI::App& app, int& exit_code) {
   cmd->footer("Example: tandem tokenize --tokenizer models/gemma-4-E2B-it --text 'Hello world' --json");
   cmd->callback([&exit_code, opts, text, file] {
     const char* usage = nullptr;
-    if (opts->tokenizer.empty()) usage = "--tokenizer is required";
-    else if (text->count() == 0 && file->count() == 0) usage = "one of --text or --file is required";
-    else if (text->count() > 0 && file->count() > 0) usage = "--text and --file cannot be used together";
+    if (opts->tokenizer.empty())
+      usage = "--tokenizer is required";
+    else if (text->count() == 0 && file->count() == 0)
+      usage = "one of --text or --file is required";
+    else if (text->count() > 0 && file->count() > 0)
+      usage = "--text and --file cannot be used together";
     if (usage != nullptr) {
       std::fprintf(stderr, "tandem tokenize: %s (see tandem tokenize --help)\n", usage);
       exit_code = 2;
