@@ -4,6 +4,7 @@
 // calling code and are TANDEM_CHECKed, while device failures surface through last_error() and synchronize().
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "backend/ops.h"

@@ -5,6 +5,7 @@
 // Keys are stored after k_norm + RoPE, values after v_norm. Layout per layer: [n_kv_heads, capacity, head_dim].
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "backend/backend.h"

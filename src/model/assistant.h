@@ -4,6 +4,7 @@
 // centroid-routed masked embedder of E2B/E4B (spec §4.2-§4.7). The round loop lives in spec/.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>

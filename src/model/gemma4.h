@@ -3,6 +3,7 @@
 // post-norm hidden states for the rows asked for (spec §1, §5.1). The KV caches belong to the caller.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>

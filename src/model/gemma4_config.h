@@ -5,6 +5,7 @@
 // num_global_key_value_heads, or transformers 5.x per_layer_config).
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>

@@ -3,6 +3,7 @@
 // the view is re-pointed there. Progress is reported for large checkpoints.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>

@@ -4,6 +4,7 @@
 // sampled from q, accept with min(1, p(d)/q(d)) and resample from normalize(max(0, p - q)).
 #pragma once
 
+#include <cstdint>
 #include <span>
 
 #include "sample/sampling.h"

@@ -5,6 +5,7 @@
 // back to [0, P+n] and continues from g = h_verify[n], P = P+n+1.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>

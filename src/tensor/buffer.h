@@ -2,6 +2,7 @@
 // Move-only; copies of weights or activations are always explicit.
 #pragma once
 
+#include <cstdint>
 #include <cstddef>
 #include <initializer_list>
 

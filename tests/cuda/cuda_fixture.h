@@ -3,6 +3,7 @@
 // mirrored in device memory), and the comparison against the reference kernels with per-dtype tolerances.
 #pragma once
 
+#include <cstdint>
 #include <gtest/gtest.h>
 
 #include <initializer_list>

@@ -2,6 +2,7 @@
 // NaN poisoning. Shared by the kernel tests (tests/kernels) and the backend parity tests (tests/backend).
 #pragma once
 
+#include <cstdint>
 #include <algorithm>
 #include <cmath>
 #include <cstring>

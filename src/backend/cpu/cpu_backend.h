@@ -3,6 +3,7 @@
 // Op semantics are those of ops.h and the spec sections cited there; kernels/ref is the oracle in the tests.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>

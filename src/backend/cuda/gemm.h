@@ -3,6 +3,7 @@
 // stream); anything else (odd K or N, f32 operands) to a plain warp-per-output kernel, so every shape works.
 #pragma once
 
+#include <cstdint>
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
