@@ -1,6 +1,8 @@
 // Decoder configuration and the streaming decoder (see decoder.h).
 #include "tokenizer/decoder.h"
 
+#include <nlohmann/json.hpp>
+
 #include "core/strings.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"

@@ -1,6 +1,8 @@
 // Normalizer, pre-tokenizer and post-processor of tokenizer.json (see pipeline.h).
 #include "tokenizer/pipeline.h"
 
+#include <nlohmann/json.hpp>
+
 #include "core/strings.h"
 
 namespace tandem::tok {

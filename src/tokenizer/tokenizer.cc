@@ -7,6 +7,8 @@
 #include <functional>
 #include <map>
 
+#include <nlohmann/json.hpp>
+
 #include "core/log.h"
 #include "core/strings.h"
 #include "tokenizer/json_scan.h"
@@ -102,7 +104,7 @@ Status parse_vocab(std::string_view raw, size_t base, const std::string& source,
     TANDEM_TRY(c.expect(':'));
     int64_t id = 0;
     TANDEM_TRY(c.read_int(&id));
-    if (id < 0 || id >= (1 << 26)) return c.error(strfmt("vocabulary id %lld out of range", (long long)id));
+    if (id < 0 || id >= (1 << 24)) return c.error(strfmt("vocabulary id %lld out of range", (long long)id));
     if (!bpe->add_token(token, static_cast<int32_t>(id))) {
       return c.error(strfmt("token \"%.*s\" appears twice in the vocabulary", (int)token.size(), token.data()));
     }
