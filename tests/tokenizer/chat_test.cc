@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_fixture.h"
@@ -50,6 +51,18 @@ TEST(Chat, MatchesJinjaRendersOfTheOfficialTemplate) {
   style.think_marker = header["style"]["think_marker"];
   style.empty_thought_channel = header["style"]["empty_thought_channel"];
   style.continue_model_turns = header["style"]["continue_model_turns"];
+  // When the template itself is at hand (.cache/, not committed), detection must read the same style from it.
+  std::ifstream tf(TANDEM_SOURCE_DIR "/.cache/gemma4_chat_template.jinja");
+  if (tf) {
+    std::stringstream ss;
+    ss << tf.rdbuf();
+    Result<ChatTemplateStyle> d = detect_chat_style(ss.str());
+    ASSERT_TRUE(d.ok()) << d.status().to_string();
+    EXPECT_EQ(d->emit_bos, style.emit_bos);
+    EXPECT_EQ(d->think_marker, style.think_marker);
+    EXPECT_EQ(d->empty_thought_channel, style.empty_thought_channel);
+    EXPECT_EQ(d->continue_model_turns, style.continue_model_turns);
+  }
   int n = 0;
   while (std::getline(f, line)) {
     const json r = json::parse(line);
