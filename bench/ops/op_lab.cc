@@ -95,24 +95,26 @@ void fill_random_bf16(const Tensor& t, uint32_t seed) {
   }
 }
 
-// Read and copy bandwidth of a buffer far larger than the caches; returns the multi-thread read GB/s (the floor).
-double bandwidth(Report& rep, const cpu::SimdOps& simd, int threads, size_t bytes) {
+// Sum of n floats split over nt threads: the read-bandwidth probe.
+double parallel_sum(const cpu::SimdOps& simd, const float* f, int64_t n, int nt) {
+  double s = 0;
+#pragma omp parallel for num_threads(nt) reduction(+ : s) schedule(static)
+  for (int c = 0; c < nt; ++c) {
+    const int64_t b = n * c / nt, e = n * (c + 1) / nt;
+    s += simd.sum(f + b, e - b);
+  }
+  return s;
+}
+
+// Read and copy bandwidth of a buffer far larger than the caches; returns the multi-thread read GB/s.
+void bandwidth(Report& rep, const cpu::SimdOps& simd, int threads, size_t bytes) {
   Buffer src = host_buffer(bytes), dst = host_buffer(bytes);
   const auto* f = static_cast<const float*>(src.data());
   const int64_t n = static_cast<int64_t>(bytes / 4);
   std::memset(dst.data(), 1, bytes);
   volatile double sink = 0;
-  double read_mt = 0;
   for (int nt : {1, threads}) {
-    const double t_read = time_best(5, [&] {
-      double s = 0;
-#pragma omp parallel for num_threads(nt) reduction(+ : s) schedule(static)
-      for (int c = 0; c < nt; ++c) {
-        const int64_t b = n * c / nt, e = n * (c + 1) / nt;
-        s += simd.sum(f + b, e - b);
-      }
-      sink = sink + s;
-    });
+    const double t_read = time_best(10, [&] { sink = sink + parallel_sum(simd, f, n, nt); });
     const double t_copy = time_best(5, [&] {
 #pragma omp parallel for num_threads(nt) schedule(static)
       for (int c = 0; c < nt; ++c) {
@@ -124,10 +126,8 @@ double bandwidth(Report& rep, const cpu::SimdOps& simd, int threads, size_t byte
                    nt > 1 ? "s" : "", bytes / t_read / 1e9));
     rep.add(strfmt("memcpy (%s, %d thread%s): %.1f GB/s copied (%.1f GB/s read+write)", human_bytes(bytes).c_str(),
                    nt, nt > 1 ? "s" : "", bytes / t_copy / 1e9, 2.0 * bytes / t_copy / 1e9));
-    if (nt == threads) read_mt = bytes / t_read / 1e9;
     if (threads == 1) break;
   }
-  return read_mt;
 }
 
 // Checks rows [0, 64) of a linear against the reference; aborts the lab on a mismatch.
@@ -148,8 +148,10 @@ void check_linear(cpu::CpuBackend& be, const Tensor& w, const Tensor& x) {
 
 // Times a linear [T, n_in] x [n_out, n_in]^T (bf16 weights) for T in tokens. Cycles through enough copies of the
 // weight to exceed the last-level cache, so every call streams its weights from memory as a decode step does.
-void bench_linear(Report& rep, cpu::CpuBackend& be, const char* label, int64_t n_out, int64_t n_in, double floor_gbs,
-                  size_t llc_bytes, int reps) {
+// The floor is measured alongside, rep by rep: a plain read (sum) of another cold weight copy, the same bytes with
+// the same threads, because this machine's memory bandwidth drifts with its neighbours' load.
+void bench_linear(Report& rep, cpu::CpuBackend& be, const char* label, int64_t n_out, int64_t n_in, size_t llc_bytes,
+                  int reps) {
   const size_t wbytes = static_cast<size_t>(n_out * n_in * 2);
   const int copies = static_cast<int>(std::max<size_t>(1, std::min<size_t>(16, 4 * llc_bytes / wbytes + 1)));
   std::vector<Buffer> wb;
@@ -169,17 +171,26 @@ void bench_linear(Report& rep, cpu::CpuBackend& be, const char* label, int64_t n
     Tensor x = xb.view(DType::kF32, {T, n_in}), out = ob.view(DType::kF32, {T, n_out});
     check_linear(be, w[0], x);
     int next = 0;
-    const double t = time_best(reps, [&] {
-      be.linear({.out = out, .x = x, .w = w[next]});
+    double t = 1e30, t_floor = 1e30;
+    volatile double sink = 0;
+    be.linear({.out = out, .x = x, .w = w[0]});
+    for (int r = 0; r < reps; ++r) {
+      const int64_t n_floats = static_cast<int64_t>(wbytes / 4);
       next = (next + 1) % copies;
-    });
+      double t0 = now_s();
+      sink = sink + parallel_sum(be.simd(), static_cast<const float*>(w[next].data), n_floats, be.threads());
+      t_floor = std::min(t_floor, now_s() - t0);
+      next = (next + 1) % copies;
+      t0 = now_s();
+      be.linear({.out = out, .x = x, .w = w[next]});
+      t = std::min(t, now_s() - t0);
+    }
     if (T == 1) t1 = t;
-    const double gbs = wbytes / t / 1e9;
-    rep.add(strfmt("linear %s [%lld, %lld] x [%lld, %lld]^T bf16 (%s, %d cold copies): %.3f ms, %.1f GB/s = %.2fx the "
-                   "read floor (%.3f ms), %.2fx the 1-token time, %.1f GFLOP/s",
+    rep.add(strfmt("linear %s [%lld, %lld] x [%lld, %lld]^T bf16 (%s, %d cold copies): %.3f ms, %.1f GB/s; read "
+                   "floor of the same bytes %.3f ms (%.1f GB/s): %.2fx the floor, %.2fx the 1-token time, %.1f GFLOP/s",
                    label, static_cast<long long>(T), static_cast<long long>(n_in), static_cast<long long>(n_out),
-                   static_cast<long long>(n_in), be.summary().c_str(), copies, t * 1e3, gbs, t / (wbytes / (floor_gbs * 1e9)),
-                   wbytes / (floor_gbs * 1e6), t / t1, 2.0 * T * n_out * n_in / t / 1e9));
+                   static_cast<long long>(n_in), be.summary().c_str(), copies, t * 1e3, wbytes / t / 1e9,
+                   t_floor * 1e3, wbytes / t_floor / 1e9, t / t_floor, t / t1, 2.0 * T * n_out * n_in / t / 1e9));
   }
 }
 
@@ -231,10 +242,10 @@ int main(int argc, char** argv) {
   if (quick) reps = std::min(reps, 5);
   std::printf("machine: %s; backend: %s\n", machine().c_str(), be.summary().c_str());
   const size_t llc = 32u << 20;
-  const double floor_gbs = bandwidth(rep, be.simd(), be.threads(), quick ? (256u << 20) : (1024u << 20));
-  bench_linear(rep, be, "q/gate/up-like", 6144, 1536, floor_gbs, llc, reps);
-  bench_linear(rep, be, "down-like", 1536, 6144, floor_gbs, llc, reps);
-  bench_linear(rep, be, "LM head", quick ? vocab / 8 : vocab, 1536, floor_gbs, llc, std::max(3, reps / 3));
+  bandwidth(rep, be.simd(), be.threads(), quick ? (256u << 20) : (1024u << 20));
+  bench_linear(rep, be, "q/gate/up-like", 6144, 1536, llc, reps);
+  bench_linear(rep, be, "down-like", 1536, 6144, llc, reps);
+  bench_linear(rep, be, "LM head", quick ? vocab / 8 : vocab, 1536, llc, std::max(3, reps / 3));
   for (int64_t ctx : {512, 4096}) bench_attention(rep, be, ctx, reps);
   rep.flush();
   return 0;
