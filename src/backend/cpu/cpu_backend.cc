@@ -5,11 +5,13 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numbers>
+#include <vector>
 
 #include "backend/cpu/cpu_checks.h"
 #include "core/strings.h"

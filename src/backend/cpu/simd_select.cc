@@ -2,6 +2,10 @@
 // portable scalar table. The ISA tables are only linked on x86-64 builds (see src/backend/CMakeLists.txt).
 #include <cstring>
 
+#if defined(TANDEM_CPU_X86_KERNELS)
+#include <cpuid.h>
+#endif
+
 #include "backend/cpu/simd.h"
 
 namespace tandem::cpu {
@@ -10,11 +14,20 @@ namespace tandem::cpu {
 extern const SimdOps kSimdOpsAvx512;
 extern const SimdOps kSimdOpsAvx2;
 
+namespace {
+// F16C from CPUID leaf 1 (clang's __builtin_cpu_supports does not know "f16c").
+bool has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+}
+}  // namespace
+
 const SimdOps* simd_ops_avx512() {
-  return __builtin_cpu_supports("avx512f") ? &kSimdOpsAvx512 : nullptr;
+  // The AVX-512 file is also compiled with -mfma -mf16c, which every AVX-512F CPU has.
+  return __builtin_cpu_supports("avx512f") && has_f16c() ? &kSimdOpsAvx512 : nullptr;
 }
 const SimdOps* simd_ops_avx2() {
-  const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
   return ok ? &kSimdOpsAvx2 : nullptr;
 }
 #else
