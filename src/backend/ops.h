@@ -20,6 +20,8 @@ const char* op_name(Op op);
 
 // out[t, :] = table[ids[t], :] * scale.          out [n_tokens, dim] act; table [n_vocab, dim]; ids i32 [n_tokens]
 // Every id must lie in [0, n_vocab) (the caller validates request token ids). The product is one f32 multiply.
+// The table's rows may be strided (stride[0] >= dim): a column block of a packed table, e.g. one layer's slice of
+// the per-layer-embedding table [n_vocab, n_layers * ple_dim] (spec §1.4).
 struct EmbeddingArgs {
   Tensor out, table, ids;
   float scale = 1.f;

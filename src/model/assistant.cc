@@ -34,6 +34,7 @@ struct Gemma4Assistant::Workspace {
   std::vector<int32_t> host_cand_ids;
 };
 
+Gemma4Assistant::Gemma4Assistant(Gemma4Model& target) : target_(target), backend_(target.backend()) {}
 Gemma4Assistant::~Gemma4Assistant() = default;
 
 Status Gemma4Assistant::check_compatible(const std::string& dir) const {

@@ -49,7 +49,7 @@ class Gemma4Assistant {
 
  private:
   struct Workspace;
-  explicit Gemma4Assistant(Gemma4Model& target) : target_(target), backend_(target.backend()) {}
+  explicit Gemma4Assistant(Gemma4Model& target);
   Status check_compatible(const std::string& dir) const;
   Status centroid_head(const Tensor& zf, bool full_logits, DraftStepResult* out);
 

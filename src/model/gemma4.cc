@@ -38,6 +38,7 @@ struct Gemma4Model::Workspace {
   std::vector<int32_t> host_ids, host_pos;
 };
 
+Gemma4Model::Gemma4Model(Backend& backend) : backend_(backend) {}
 Gemma4Model::~Gemma4Model() = default;
 
 Result<std::unique_ptr<Gemma4Model>> Gemma4Model::load(const std::string& dir, Backend& backend,

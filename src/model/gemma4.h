@@ -63,7 +63,7 @@ class Gemma4Model {
 
  private:
   struct Workspace;
-  Gemma4Model(Backend& backend) : backend_(backend) {}
+  explicit Gemma4Model(Backend& backend);
   Status forward_chunk(std::span<const SequenceInput> batch, int64_t out_row0);
   Status ensure_workspace(int64_t rows, int64_t out_rows);
   Status layer_forward(int layer, std::span<const SequenceInput> batch, int64_t rows);

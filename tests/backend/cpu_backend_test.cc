@@ -101,6 +101,30 @@ TEST(CpuBackend, Embedding) {
   }
 }
 
+TEST(CpuBackend, EmbeddingStridedTable) {
+  // A column block of a packed table (one layer of the per-layer-embedding table, spec §1.4).
+  for (auto& be : backends()) {
+    std::mt19937 rng(12);
+    HostTensor packed(DType::kBF16, {37, 3 * 23});
+    packed.fill_uniform(rng, -1, 1);
+    Tensor slice = packed.t();
+    slice.shape = {37, 23, 0, 0};
+    slice.data = static_cast<char*>(slice.data) + 23 * dtype_size(DType::kBF16);  // columns [23, 46)
+    HostTensor ids(kI32, {4}, {36, 0, 7, 7});
+    HostTensor want(kF32, {4, 23}), got(kF32, {4, 23});
+    ref::embedding({.out = want, .table = slice, .ids = ids, .scale = 16.f});
+    got.poison();
+    be->embedding({.out = got, .table = slice, .ids = ids, .scale = 16.f});
+    const int32_t id_list[] = {36, 0, 7, 7};
+    for (int t = 0; t < 4; ++t)
+      for (int d = 0; d < 23; ++d) {
+        const float expect = packed.get(id_list[t] * 69 + 23 + d) * 16.f;
+        EXPECT_EQ(want.get(t * 23 + d), expect);
+        EXPECT_EQ(got.get(t * 23 + d), expect);
+      }
+  }
+}
+
 TEST(CpuBackend, RmsNorm) {
   for (auto& be : backends()) {
     for (int64_t dim : {1, 7, 256, 1543}) {

@@ -8,5 +8,7 @@ namespace tandem::cli {
 
 void add_info_command(CLI::App& app, int& exit_code);
 void add_tokenize_command(CLI::App& app, int& exit_code);
+void add_logits_command(CLI::App& app, int& exit_code);
+void add_generate_command(CLI::App& app, int& exit_code);
 
 }  // namespace tandem::cli

@@ -65,10 +65,13 @@ Status CpuBackend::memset_zero(void* dst, size_t bytes, StreamId) {
 
 void CpuBackend::embedding(const EmbeddingArgs& a) {
   check_act(a.out, "embedding out");
-  check_float(a.table, "embedding table");
+  TANDEM_CHECK_MSG(!a.table.empty() && a.table.device.is_cpu() && dtype_is_float(a.table.dtype),
+                   "embedding table %s must be a float tensor on the CPU", a.table.describe().c_str());
   check_i32(a.ids, "embedding ids");
   const int64_t n = a.ids.numel(), dim = a.table.dim(1), n_vocab = a.table.dim(0);
-  TANDEM_CHECK_MSG(a.table.ndim == 2 && a.out.rows() == n && a.out.dim(-1) == dim, "embedding: out %s, table %s",
+  TANDEM_CHECK_MSG(a.table.ndim == 2 && a.table.stride[1] == 1 && a.table.stride[0] >= dim && a.out.rows() == n &&
+                       a.out.dim(-1) == dim,
+                   "embedding: out %s, table %s",
                    a.out.describe().c_str(), a.table.describe().c_str());
   const int type = simd_type(a.table.dtype);
   const size_t esize = dtype_size(a.table.dtype);
@@ -77,7 +80,7 @@ void CpuBackend::embedding(const EmbeddingArgs& a) {
     TANDEM_CHECK_MSG(id >= 0 && id < n_vocab, "token id %lld outside [0, %lld)", static_cast<long long>(id),
                      static_cast<long long>(n_vocab));
     float* dst = a.out.ptr<float>() + t * dim;
-    simd_.to_f32(dst, static_cast<const char*>(a.table.data) + static_cast<size_t>(id * dim) * esize, type, dim);
+    simd_.to_f32(dst, static_cast<const char*>(a.table.data) + static_cast<size_t>(id * a.table.stride[0]) * esize, type, dim);
     for (int64_t d = 0; d < dim; ++d) dst[d] *= a.scale;
   }
 }

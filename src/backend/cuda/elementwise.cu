@@ -60,11 +60,11 @@ __global__ void gelu_mul_kernel(Operand out, Operand gate, Operand up, int64_t n
 // out[t, d] = table[ids[t], d] * scale. An id outside the table writes NaN rather than reading out of bounds
 // (ids are validated on the host before they get here; this only keeps a bug from corrupting memory).
 __global__ void embedding_kernel(Operand out, Operand table, const int32_t* ids, int64_t n_vocab, int64_t dim,
-                                 float scale, int64_t n) {
+                                 int64_t row_stride, float scale, int64_t n) {
   TANDEM_GRID_STRIDE(i, n) {
     const int64_t t = i / dim, d = i % dim;
     const int64_t id = ids[t];
-    const float v = (id >= 0 && id < n_vocab) ? load_f32(table.data, table.dtype, id * dim + d) * scale : __int_as_float(0x7fc00000);
+    const float v = (id >= 0 && id < n_vocab) ? load_f32(table.data, table.dtype, id * row_stride + d) * scale : __int_as_float(0x7fc00000);
     store_f32(out.data, out.dtype, i, v);
   }
 }
@@ -124,7 +124,7 @@ Status launch_embedding(const EmbeddingArgs& a, cudaStream_t stream) {
   const int64_t dim = a.table.dim(1), n = a.out.numel();
   if (n == 0) return ok_status();
   embedding_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-      operand(a.out), operand(a.table), static_cast<const int32_t*>(a.ids.data), a.table.dim(0), dim, a.scale, n);
+      operand(a.out), operand(a.table), static_cast<const int32_t*>(a.ids.data), a.table.dim(0), dim, a.table.stride[0], a.scale, n);
   TANDEM_CUDA_TRY_LAUNCH();
   return ok_status();
 }

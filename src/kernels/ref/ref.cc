@@ -99,7 +99,7 @@ void embedding(const EmbeddingArgs& a) {
     const int64_t id = a.ids.ptr<int32_t>()[t];
     TANDEM_CHECK_MSG(id >= 0 && id < n_vocab, "token id %lld outside [0, %lld)", static_cast<long long>(id),
                      static_cast<long long>(n_vocab));
-    for (int64_t d = 0; d < dim; ++d) st(a.out, t * dim + d, ld(a.table, id * dim + d) * a.scale);
+    for (int64_t d = 0; d < dim; ++d) st(a.out, t * dim + d, ld(a.table, id * a.table.stride[0] + d) * a.scale);
   }
 }
 
