@@ -25,7 +25,7 @@ struct Variant {
 class TargetForward : public ::testing::TestWithParam<Variant> {
  protected:
   void SetUp() override {
-    backend_ = make_cpu_backend();
+    backend_ = make_cpu_backend(1);
     auto m = Gemma4Model::load(fixture_path(std::string("models/") + GetParam().model), *backend_);
     ASSERT_TRUE(m.ok()) << m.status().to_string();
     model_ = std::move(*m);
@@ -139,7 +139,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TargetForward,
                          });
 
 TEST(TargetLoad, AssistantIsNotATarget) {
-  auto be = make_cpu_backend();
+  auto be = make_cpu_backend(1);
   auto m = Gemma4Model::load(fixture_path("models/e2b-tiny-assistant"), *be);
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("assistant"), std::string::npos);
