@@ -371,4 +371,13 @@ uint64_t SafetensorsModel::total_tensor_bytes() const {
   return n;
 }
 
+SafetensorsModel SafetensorsModel::from_memory(std::vector<TensorInfo> tensors, const std::string& name) {
+  SafetensorsModel m;
+  std::sort(tensors.begin(), tensors.end(), [](const TensorInfo& a, const TensorInfo& b) { return a.name < b.name; });
+  m.tensors_ = std::move(tensors);
+  for (size_t i = 0; i < m.tensors_.size(); ++i) m.index_.emplace(m.tensors_[i].name, i);
+  m.files_.push_back(name);
+  return m;
+}
+
 }  // namespace tandem

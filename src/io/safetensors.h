@@ -47,6 +47,9 @@ class SafetensorsModel {
 
   // `path` is a directory (model.safetensors, or model.safetensors.index.json + shards) or one .safetensors file.
   static Result<SafetensorsModel> open(const std::string& path);
+  // A checkpoint whose tensors live in memory the caller owns (synthetic models for benchmarks). `name` stands in
+  // for the file name in error messages.
+  static SafetensorsModel from_memory(std::vector<TensorInfo> tensors, const std::string& name);
 
   [[nodiscard]] const TensorInfo* find(std::string_view name) const;                 // nullptr if absent
   [[nodiscard]] const std::vector<TensorInfo>& tensors() const { return tensors_; }  // sorted by name

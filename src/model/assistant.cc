@@ -68,14 +68,23 @@ Status Gemma4Assistant::check_compatible(const std::string& dir) const {
 
 Result<std::unique_ptr<Gemma4Assistant>> Gemma4Assistant::load(const std::string& dir, Gemma4Model& target,
                                                                const LoadOptions& opts) {
+  TANDEM_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(dir));
+  if (!cfg.is_assistant())
+    return invalid_argument(dir + " is not a Gemma 4 assistant checkpoint (model_type " + cfg.model_type +
+                            "); --draft expects a *-assistant model");
+  TANDEM_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open(dir));
+  return load_from(std::move(cfg), std::move(store), dir, target, opts);
+}
+
+Result<std::unique_ptr<Gemma4Assistant>> Gemma4Assistant::load_from(ModelConfig cfg, WeightStore store,
+                                                                    const std::string& dir, Gemma4Model& target,
+                                                                    const LoadOptions& opts) {
   std::unique_ptr<Gemma4Assistant> m(new Gemma4Assistant(target));
   Backend& backend = target.backend();
-  TANDEM_ASSIGN_OR_RETURN(m->cfg_, load_model_config(dir));
-  if (!m->cfg_.is_assistant())
-    return invalid_argument(dir + " is not a Gemma 4 assistant checkpoint (model_type " + m->cfg_.model_type +
-                            "); --draft expects a *-assistant model");
+  m->cfg_ = std::move(cfg);
+  if (!m->cfg_.is_assistant()) return invalid_argument(dir + " is not an assistant configuration");
   TANDEM_TRY(m->check_compatible(dir));
-  TANDEM_ASSIGN_OR_RETURN(m->store_, WeightStore::open(dir));
+  m->store_ = std::move(store);
   auto bound = bind_assistant_weights(m->cfg_, m->store_.safetensors());
   if (!bound.ok()) return Status(bound.status()).with_context(dir);
   m->w_ = std::move(bound).value();
@@ -97,9 +106,9 @@ Result<std::unique_ptr<Gemma4Assistant>> Gemma4Assistant::load(const std::string
     m->head_ = m->w_.lm_head.empty() ? DraftHeadKind::kTiedDense : DraftHeadKind::kUntiedDense;
   }
 
-  ModelConfig* cfg = &m->cfg_;
+  ModelConfig* mcfg = &m->cfg_;
   AssistantWeights* w = &m->w_;
-  TANDEM_TRY(m->store_.place(backend, [cfg, w](const auto& fn) { for_each_tensor(*cfg, *w, fn); }, opts.progress));
+  TANDEM_TRY(m->store_.place(backend, [mcfg, w](const auto& fn) { for_each_tensor(*mcfg, *w, fn); }, opts.progress));
   const TextConfig& tc = m->cfg_.text;
   auto upload_freq = [&](const RopeSpec& rope, int head_dim, Buffer* out) -> Status {
     std::vector<float> f = rope.inv_freq(head_dim);

@@ -39,6 +39,8 @@ class Gemma4Assistant {
   // heads and window per attention type); a mismatch is a clear error naming both checkpoints' values.
   static Result<std::unique_ptr<Gemma4Assistant>> load(const std::string& dir, Gemma4Model& target,
                                                        const LoadOptions& opts = {});
+  static Result<std::unique_ptr<Gemma4Assistant>> load_from(ModelConfig cfg, WeightStore store, const std::string& name,
+                                                            Gemma4Model& target, const LoadOptions& opts = {});
   ~Gemma4Assistant();
 
   [[nodiscard]] const ModelConfig& config() const { return cfg_; }

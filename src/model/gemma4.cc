@@ -43,12 +43,20 @@ Gemma4Model::~Gemma4Model() = default;
 
 Result<std::unique_ptr<Gemma4Model>> Gemma4Model::load(const std::string& dir, Backend& backend,
                                                        const LoadOptions& opts) {
-  std::unique_ptr<Gemma4Model> m(new Gemma4Model(backend));
-  TANDEM_ASSIGN_OR_RETURN(m->cfg_, load_model_config(dir));
-  if (m->cfg_.is_assistant())
+  TANDEM_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(dir));
+  if (cfg.is_assistant())
     return invalid_argument(dir + " is a Gemma 4 assistant (drafter) checkpoint, not a target model");
+  TANDEM_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open(dir));
+  return load_from(std::move(cfg), std::move(store), dir, backend, opts);
+}
+
+Result<std::unique_ptr<Gemma4Model>> Gemma4Model::load_from(ModelConfig cfg, WeightStore store, const std::string& dir,
+                                                            Backend& backend, const LoadOptions& opts) {
+  std::unique_ptr<Gemma4Model> m(new Gemma4Model(backend));
+  m->cfg_ = std::move(cfg);
+  if (m->cfg_.is_assistant()) return invalid_argument(dir + " is an assistant configuration, not a target model");
   const TextConfig& tc = m->cfg_.text;
-  TANDEM_ASSIGN_OR_RETURN(m->store_, WeightStore::open(dir));
+  m->store_ = std::move(store);
   auto bound = bind_target_weights(m->cfg_, m->store_.safetensors());
   if (!bound.ok()) return Status(bound.status()).with_context(dir);
   m->w_ = std::move(bound).value();
@@ -70,9 +78,9 @@ Result<std::unique_ptr<Gemma4Model>> Gemma4Model::load(const std::string& dir, B
   if (tc.moe && (!backend.supports(Op::kMoeRoute, m->w_.embed.dtype) || !backend.supports(Op::kMoeExperts, m->w_.embed.dtype)))
     return unsupported(strfmt("the %s backend cannot run mixture-of-experts layers yet", backend.name()));
 
-  ModelConfig* cfg = &m->cfg_;
+  ModelConfig* mcfg = &m->cfg_;
   TargetWeights* w = &m->w_;
-  TANDEM_TRY(m->store_.place(backend, [cfg, w](const auto& fn) { for_each_tensor(*cfg, *w, fn); }, opts.progress));
+  TANDEM_TRY(m->store_.place(backend, [mcfg, w](const auto& fn) { for_each_tensor(*mcfg, *w, fn); }, opts.progress));
 
   auto upload_freq = [&](const RopeSpec& rope, int head_dim, Buffer* out) -> Status {
     std::vector<float> f = rope.inv_freq(head_dim);

@@ -40,6 +40,9 @@ class Gemma4Model {
   // Loads a target checkpoint directory (any of the target layouts) onto `backend`.
   static Result<std::unique_ptr<Gemma4Model>> load(const std::string& dir, Backend& backend,
                                                    const LoadOptions& opts = {});
+  // Same, from a parsed config and an opened store (synthetic checkpoints); `name` labels error messages.
+  static Result<std::unique_ptr<Gemma4Model>> load_from(ModelConfig cfg, WeightStore store, const std::string& name,
+                                                        Backend& backend, const LoadOptions& opts = {});
   ~Gemma4Model();
 
   [[nodiscard]] const ModelConfig& config() const { return cfg_; }

@@ -273,4 +273,58 @@ Result<AssistantWeights> bind_assistant_weights(const ModelConfig& cfg, const Sa
   return bind<AssistantWeights>(cfg, st);
 }
 
+std::vector<ExpectedTensor> expected_tensors(const ModelConfig& cfg) {
+  std::vector<ExpectedTensor> out;
+  auto collect = [&](auto& w) {
+    w.layers.resize(static_cast<size_t>(cfg.text.n_layers));
+    visit_table(cfg, w, [&](const std::string& name, const Row& r, const Shape& shape, Tensor&) {
+      out.push_back({name, shape, r.kind == Kind::kIndex});
+    });
+  };
+  if (cfg.is_assistant()) {
+    AssistantWeights w;
+    collect(w);
+  } else {
+    TargetWeights w;
+    collect(w);
+  }
+  return out;
+}
+
+namespace {
+uint64_t row_bytes(const Tensor& t) { return t.ndim == 0 ? t.nbytes() : t.nbytes() / static_cast<uint64_t>(t.dim(0)); }
+
+template <class W>
+uint64_t bytes_per_token(const ModelConfig& c, W& w) {
+  const TextConfig& tc = c.text;
+  uint64_t total = 0;
+  for_each_tensor(c, w, [&](const std::string& name, Tensor& t) {
+    if (ends_with(name, "experts.gate_up_proj") || ends_with(name, "experts.down_proj")) {
+      total += t.nbytes() / static_cast<uint64_t>(tc.n_experts) * static_cast<uint64_t>(tc.top_k_experts);
+      return;
+    }
+    if constexpr (std::is_same_v<W, TargetWeights>) {
+      if (t.data == w.embed.data) return void(total += t.nbytes() + row_bytes(t));  // tied LM head + input row
+      if (t.data == w.ple_embed.data) return void(total += row_bytes(t));
+    } else {
+      const AssistantConfig& a = *c.assistant;
+      const uint64_t candidates =
+          a.use_ordered_embeddings ? static_cast<uint64_t>(a.centroid_top_k) * (tc.n_vocab / a.n_centroids) : 0;
+      if (t.data == w.embed.data) {
+        // The drafter embeds its input with the target's table; its own table is only its LM head.
+        if (!w.lm_head.empty()) return;
+        return void(total += a.use_ordered_embeddings ? candidates * row_bytes(t) : t.nbytes());
+      }
+      if (t.data == w.lm_head.data && a.use_ordered_embeddings) return void(total += candidates * row_bytes(t));
+      if (t.data == w.token_ordering.data) return void(total += candidates * dtype_size(t.dtype));
+    }
+    total += t.nbytes();
+  });
+  return total;
+}
+}  // namespace
+
+uint64_t weight_bytes_per_token(const ModelConfig& cfg, TargetWeights& w) { return bytes_per_token(cfg, w); }
+uint64_t weight_bytes_per_token(const ModelConfig& cfg, AssistantWeights& w) { return bytes_per_token(cfg, w); }
+
 }  // namespace tandem

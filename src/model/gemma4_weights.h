@@ -90,6 +90,20 @@ void for_each_tensor(const ModelConfig& cfg, AssistantWeights& w, const TensorVi
 // model.embed_vision., model.embed_audio.; spec §3.3).
 [[nodiscard]] bool is_multimodal_tower_tensor(std::string_view hf_name);
 
+// Every tensor the config expects, in table order, with its expected shape; `index` marks i64/i32 tensors
+// (token_ordering), all others are float weights. Drives synthetic checkpoints.
+struct ExpectedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool index = false;
+};
+std::vector<ExpectedTensor> expected_tensors(const ModelConfig& cfg);
+
+// Bytes of weights one decoded token reads: everything, except embedding tables (one row; the tied LM head reads
+// the whole table once more), MoE experts (top-k of n), and the drafter's centroid head (its candidate rows).
+uint64_t weight_bytes_per_token(const ModelConfig& cfg, TargetWeights& w);
+uint64_t weight_bytes_per_token(const ModelConfig& cfg, AssistantWeights& w);
+
 // Binds the checkpoint's tensors. Fails with a message naming every missing, misshaped, wrongly typed and
 // unexpected tensor (the first 200 of them). Known extras are skipped: the multimodal towers, the k/v weights of
 // KV-shared layers, lm_head.weight when tied. An assistant's token_ordering is checked to be a permutation.

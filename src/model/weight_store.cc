@@ -11,6 +11,13 @@ Result<WeightStore> WeightStore::open(const std::string& dir) {
   return ws;
 }
 
+WeightStore WeightStore::from_memory(SafetensorsModel st, std::vector<Buffer> host_buffers) {
+  WeightStore ws;
+  ws.st_ = std::move(st);
+  ws.host_ = std::move(host_buffers);
+  return ws;
+}
+
 Status WeightStore::place(Backend& backend, const ForEach& for_each, const ProgressFn& progress) {
   if (backend.device().is_cpu()) return ok_status();
   uint64_t total = 0, done = 0;

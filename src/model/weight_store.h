@@ -20,6 +20,8 @@ class WeightStore {
  public:
   // Opens the safetensors files of checkpoint directory `dir`.
   static Result<WeightStore> open(const std::string& dir);
+  // A store over tensors in host buffers it takes ownership of (synthetic checkpoints).
+  static WeightStore from_memory(SafetensorsModel st, std::vector<Buffer> host_buffers);
 
   WeightStore() = default;
   WeightStore(WeightStore&&) noexcept = default;
@@ -35,6 +37,7 @@ class WeightStore {
 
  private:
   SafetensorsModel st_;
+  std::vector<Buffer> host_;
   std::vector<Buffer> device_;
   uint64_t device_bytes_ = 0;
 };

@@ -1,121 +1,76 @@
-// `tandem generate`: plain or speculative (MTP assistant) generation from token ids, with per-round statistics.
+// `tandem generate`: plain or speculative (MTP assistant) generation from token ids or text, streaming the output,
+// with per-round statistics (--json) and an in-run comparison against plain decoding (--compare).
 #include <cstdio>
 
-#include <nlohmann/json.hpp>
-
-#include "cli_common.h"
 #include "commands.h"
-#include "core/strings.h"
-#include "spec/generator.h"
+#include "session.h"
+#include "tokenizer/chat.h"
 
 namespace tandem::cli {
 namespace {
 
-struct GenerateCliOptions {
-  std::string model, draft, ids, device = "cpu", draft_tokens = "3";
-  int max_tokens = 128, top_k = 0, max_draft_tokens = 8, threads = 0;
-  float temperature = 0.f, top_p = 1.f, min_p = 0.f;
-  uint64_t seed = 0;
-  bool json = false, compare = false, ignore_eos = false, sample_drafts = false;
-  int64_t context = 0;
+struct GenerateFlags {
+  SessionFlags s;
+  std::string ids, prompt, system;
+  bool chat_format = false, json = false, compare = false, chat = false;
 };
 
-Status parse_draft_mode(const std::string& s, GenerateOptions* g) {
-  if (s == "auto") g->draft_mode = DraftMode::kAuto;
-  else if (s == "heuristic") g->draft_mode = DraftMode::kHeuristic, g->draft_tokens = 3;
-  else {
-    char* end = nullptr;
-    long v = std::strtol(s.c_str(), &end, 10);
-    if (s.empty() || *end != '\0' || v < 0 || v > 64)
-      return invalid_argument("--draft-tokens must be an integer 0..64, \"auto\" or \"heuristic\" (got \"" + s + "\")");
-    g->draft_mode = DraftMode::kFixed;
-    g->draft_tokens = static_cast<int>(v);
+// The prompt as ids: --ids as given; --prompt as raw text after <bos> (a completion), or as one user turn in the
+// checkpoint's chat format with --chat-format.
+Result<std::vector<int32_t>> prompt_ids(const GenerateFlags& o, const Session& s) {
+  if (!o.ids.empty()) return parse_ids(o.ids);
+  if (!s.tokenizer) return not_found("--prompt needs a tokenizer.json in " + o.s.model);
+  if (o.chat_format) {
+    tok::ChatTemplateStyle style;
+    auto found = tok::load_chat_style(o.s.model);
+    if (found.ok()) style = *found;
+    std::vector<tok::ChatMessage> msgs;
+    if (!o.system.empty()) msgs.push_back({tok::ChatRole::kSystem, o.system});
+    msgs.push_back({tok::ChatRole::kUser, o.prompt});
+    return tok::encode_chat(*s.tokenizer, msgs, {.add_generation_prompt = true}, style);
   }
-  return ok_status();
+  TANDEM_ASSIGN_OR_RETURN(std::vector<int32_t> ids, s.tokenizer->encode(o.prompt, {.add_special_tokens = true}));
+  const int bos = s.target->config().bos_id;
+  if (ids.empty() || ids[0] != bos) ids.insert(ids.begin(), bos);  // Gemma 4's tokenizer adds no <bos> itself
+  return ids;
 }
 
-nlohmann::json stats_json(const GenerationStats& st) {
-  nlohmann::json per = nlohmann::json::array();
-  for (size_t j = 0; j < st.proposed_at.size(); ++j)
-    if (st.proposed_at[j] > 0) per.push_back(static_cast<double>(st.accepted_at[j]) / static_cast<double>(st.proposed_at[j]));
-  const double spec_s = st.draft_seconds + st.verify_seconds;
-  return {{"prompt_tokens", st.prompt_tokens},
-          {"tokens", st.generated_tokens},
-          {"rounds", st.rounds},
-          {"target_passes", st.target_passes},
-          {"mean_accepted", st.mean_accepted()},
-          {"acceptance_length", st.tokens_per_pass()},
-          {"per_position_acceptance", per},
-          {"prefill_seconds", st.prefill_seconds},
-          {"draft_seconds", st.draft_seconds},
-          {"verify_seconds", st.verify_seconds},
-          {"draft_fraction", spec_s > 0 ? st.draft_seconds / spec_s : 0.0},
-          {"total_seconds", st.total_seconds},
-          {"tokens_per_second", st.decode_tokens_per_second()}};
-}
-
-std::string summary_line(const GenerationStats& st, bool spec) {
-  std::string s = strfmt("%lld tokens in %.2f s (%.1f tok/s, prefill %.0f ms)", static_cast<long long>(st.generated_tokens),
-                         st.total_seconds, st.decode_tokens_per_second(), st.prefill_seconds * 1e3);
-  if (!spec) return s;
-  s += strfmt(" | %lld rounds, mean accepted %.2f, acceptance length %.2f | per position:",
-              static_cast<long long>(st.rounds), st.mean_accepted(), st.tokens_per_pass());
-  for (size_t j = 0; j < st.proposed_at.size(); ++j)
-    if (st.proposed_at[j] > 0) s += strfmt(" %.2f", static_cast<double>(st.accepted_at[j]) / static_cast<double>(st.proposed_at[j]));
-  const double t = st.draft_seconds + st.verify_seconds;
-  if (t > 0) s += strfmt(" | draft %.0f%% / verify %.0f%% of decode time", 100 * st.draft_seconds / t, 100 * st.verify_seconds / t);
-  return s;
-}
-
-int run_generate(const GenerateCliOptions& o) {
-  GenerateOptions g;
-  g.max_new_tokens = o.max_tokens;
-  g.sampling = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p, .min_p = o.min_p, .seed = o.seed};
-  g.max_draft_tokens = o.max_draft_tokens;
-  g.sample_drafts = o.sample_drafts;
-  g.context = o.context;
-  if (Status s = parse_draft_mode(o.draft_tokens, &g); !s.ok()) return fail("generate", s);
-  if (Status s = g.sampling.validate(); !s.ok()) return fail("generate", s);
-  if (o.max_tokens < 0) return fail("generate", invalid_argument("--max-tokens must be >= 0"));
-  auto ids = parse_ids(o.ids);
+int run_generate(const GenerateFlags& o) {
+  if (o.chat) return run_chat(o.s, o.system);
+  if (o.ids.empty() == o.prompt.empty()) return fail("generate", invalid_argument("give exactly one of --ids and --prompt"));
+  if (o.compare && o.s.draft.empty()) return fail("generate", invalid_argument("--compare needs --draft"));
+  auto session = open_session(o.s, !o.prompt.empty());
+  if (!session.ok()) return fail("generate", session.status());
+  Session& s = *session;
+  auto ids = prompt_ids(o, s);
   if (!ids.ok()) return fail("generate", ids.status());
-  auto backend = open_backend(o.device, o.threads);
-  if (!backend.ok()) return fail("generate", backend.status());
-  ProgressBar bar("loading target");
-  auto target = Gemma4Model::load(o.model, **backend, {.progress = [&](uint64_t d, uint64_t t) { bar.update(d, t); }});
-  bar.finish();
-  if (!target.ok()) return fail("generate", target.status());
-  std::unique_ptr<Gemma4Assistant> drafter;
-  if (!o.draft.empty()) {
-    auto d = Gemma4Assistant::load(o.draft, **target);
-    if (!d.ok()) return fail("generate", d.status());
-    drafter = std::move(*d);
-  } else if (o.compare) {
-    return fail("generate", invalid_argument("--compare needs --draft"));
-  }
-  if (!o.ignore_eos)
-    for (int e : (*target)->config().eos_ids) g.stop_ids.push_back(e);
 
-  nlohmann::json compare;
   GenerationResult plain;
   if (o.compare) {
-    Generator base(**target, nullptr);
-    auto r = base.generate(*ids, g);
+    Generator base(*s.target, nullptr);
+    auto r = base.generate(*ids, s.options);
     if (!r.ok()) return fail("generate", r.status());
     plain = std::move(*r);
   }
-  Generator gen(**target, drafter.get());
-  const bool stream = !o.json;
+  Generator gen(*s.target, s.drafter.get());
+  const bool text = s.tokenizer != nullptr && !o.json;
+  std::optional<tok::StreamDecoder> decoder;
+  if (text) decoder.emplace(s.tokenizer->stream_decoder(/*skip_special_tokens=*/true));
   auto on_tokens = [&](std::span<const int32_t> toks) {
-    if (stream) {
-      for (int32_t t : toks) std::printf("%d ", t);
-      std::fflush(stdout);
+    if (o.json) return true;
+    for (int32_t t : toks) {
+      if (decoder) std::fputs(decoder->push(t).c_str(), stdout);
+      else std::printf("%d ", t);
     }
+    std::fflush(stdout);
     return true;
   };
-  auto res = gen.generate(*ids, g, on_tokens);
+  if (text && !o.prompt.empty() && !o.chat_format) std::fputs(o.prompt.c_str(), stdout);
+  auto res = gen.generate(*ids, s.options, on_tokens);
   if (!res.ok()) return fail("generate", res.status());
-  const bool spec = drafter != nullptr;
+  if (decoder) std::fputs(decoder->finish().c_str(), stdout);
+  const bool spec = s.drafter != nullptr;
+  nlohmann::json compare;
   if (o.compare) {
     const double base_tps = plain.stats.decode_tokens_per_second(), spec_tps = res->stats.decode_tokens_per_second();
     compare = {{"plain_tokens_per_second", base_tps},
@@ -125,6 +80,7 @@ int run_generate(const GenerateCliOptions& o) {
   }
   if (o.json) {
     nlohmann::json j = {{"ids", res->tokens}, {"stop_reason", stop_reason_name(res->stop)}, {"stats", stats_json(res->stats)}};
+    if (s.tokenizer) j["text"] = s.tokenizer->decode(res->tokens, /*skip_special_tokens=*/true);
     if (spec) {
       nlohmann::json rounds = nlohmann::json::array();
       for (const RoundRecord& r : res->rounds)
@@ -133,46 +89,36 @@ int run_generate(const GenerateCliOptions& o) {
     }
     if (o.compare) j["compare"] = compare;
     std::printf("%s\n", j.dump().c_str());
-  } else {
-    std::printf("\n");
-    std::fprintf(stderr, "tandem: %s\n", summary_line(res->stats, spec).c_str());
-    if (o.compare)
-      std::fprintf(stderr, "tandem: plain decoding %.1f tok/s, speculative %.1f tok/s: speedup %.2fx (output %s)\n",
-                   compare["plain_tokens_per_second"].get<double>(), compare["speculative_tokens_per_second"].get<double>(),
-                   compare["speedup"].get<double>(), plain.tokens == res->tokens ? "identical" : "differs");
+    return 0;
   }
+  std::printf("\n");
+  std::fprintf(stderr, "\ntandem: %s\n", summary_line(res->stats, spec).c_str());
+  if (o.compare)
+    std::fprintf(stderr, "tandem: plain decoding %.1f tok/s, speculative %.1f tok/s: speedup %.2fx (output %s)\n",
+                 compare["plain_tokens_per_second"].get<double>(), compare["speculative_tokens_per_second"].get<double>(),
+                 compare["speedup"].get<double>(), plain.tokens == res->tokens ? "identical" : "differs");
   return 0;
 }
 
 }  // namespace
 
 void add_generate_command(CLI::App& app, int& exit_code) {
-  auto o = std::make_shared<GenerateCliOptions>();
-  auto* cmd = app.add_subcommand("generate", "Generate tokens, optionally with the MTP assistant drafter");
-  cmd->add_option("--model", o->model, "Target checkpoint directory")->required();
-  cmd->add_option("--draft", o->draft, "Assistant (drafter) checkpoint directory: enables speculative decoding");
-  cmd->add_option("--ids", o->ids, "Prompt as comma-separated token ids")->required();
-  cmd->add_option("--max-tokens", o->max_tokens, "Tokens to generate (drafts never count)")->capture_default_str();
-  cmd->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
-  cmd->add_option("--top-k", o->top_k, "0 = off")->capture_default_str();
-  cmd->add_option("--top-p", o->top_p, "1 = off")->capture_default_str();
-  cmd->add_option("--min-p", o->min_p, "0 = off")->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
-  cmd->add_option("--draft-tokens", o->draft_tokens, "Drafts per round: K, \"auto\" (cost model) or \"heuristic\"")
-      ->capture_default_str();
-  cmd->add_option("--max-draft-tokens", o->max_draft_tokens, "Upper bound for auto/heuristic")->capture_default_str();
-  cmd->add_flag("--sample-drafts", o->sample_drafts, "Sample drafts from the drafter (temperature > 0)");
-  cmd->add_option("--context", o->context, "KV positions to allocate (0 = prompt + max tokens)");
-  cmd->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the checkpoint's EOS ids");
-  cmd->add_flag("--json", o->json, "Print one JSON object: ids, rounds, stats");
+  auto o = std::make_shared<GenerateFlags>();
+  auto* cmd = app.add_subcommand("generate", "Generate text or tokens, optionally with the MTP assistant drafter");
+  add_session_flags(cmd, &o->s);
+  cmd->add_option("--ids", o->ids, "Prompt as comma-separated token ids");
+  cmd->add_option("--prompt", o->prompt, "Prompt text (completion after <bos>; see --chat-format)");
+  cmd->add_flag("--chat-format", o->chat_format, "Wrap --prompt as a user turn in the checkpoint's chat format");
+  cmd->add_option("--system", o->system, "System prompt (with --chat-format or --chat)");
+  cmd->add_flag("--chat", o->chat, "Interactive multi-turn chat (same as `tandem chat`)");
+  cmd->add_flag("--json", o->json, "Print one JSON object: ids, text, rounds, stats");
   cmd->add_flag("--compare", o->compare, "Also run plain decoding and report the speedup");
-  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
-  cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->footer(
       "Examples:\n"
-      "  tandem generate --model M --ids 2,651,1210 --max-tokens 64 --temperature 0 --json\n"
-      "  tandem generate --model M --draft M-assistant --ids 2,651 --draft-tokens 3 --json\n"
-      "  tandem generate --model M --draft M-assistant --ids 2,651 --draft-tokens auto --compare");
+      "  tandem generate --model models/demo/target --prompt \"And God said\" --max-tokens 64\n"
+      "  tandem generate --model models/demo/target --draft models/demo/assistant --prompt \"And God said\" --compare\n"
+      "  tandem generate --model M --draft M-assistant --ids 2,651,1210 --draft-tokens 3 --temperature 0 --json\n"
+      "  tandem generate --model M --draft M-assistant --prompt \"Hi\" --chat-format --draft-tokens auto");
   cmd->callback([o, &exit_code] { exit_code = run_generate(*o); });
 }
 

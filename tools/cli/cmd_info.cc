@@ -32,31 +32,6 @@ struct Accounting {
   std::string lm_head;  // "tied", "untied", "centroid"
 };
 
-uint64_t row_bytes(const Tensor& t) { return t.ndim == 0 ? t.nbytes() : t.nbytes() / static_cast<uint64_t>(t.dim(0)); }
-
-// What one decoded token reads of tensor `t`: everything, except tables read by row and experts read top-k.
-template <class W>
-uint64_t bytes_read_per_token(const ModelConfig& c, const W& w, const std::string& name, const Tensor& t) {
-  const TextConfig& tc = c.text;
-  if (ends_with(name, "experts.gate_up_proj") || ends_with(name, "experts.down_proj")) {
-    return t.nbytes() / static_cast<uint64_t>(tc.n_experts) * static_cast<uint64_t>(tc.top_k_experts);
-  }
-  if constexpr (std::is_same_v<W, TargetWeights>) {
-    if (t.data == w.embed.data) return t.nbytes() + row_bytes(t);  // tied LM head (all rows) + the input row
-    if (t.data == w.ple_embed.data) return row_bytes(t);
-  } else {
-    const AssistantConfig& a = *c.assistant;
-    const uint64_t candidates = static_cast<uint64_t>(a.centroid_top_k) * (tc.n_vocab / a.n_centroids);
-    if (t.data == w.embed.data) {
-      // The drafter embeds its input with the target's table; its own table is only its LM head.
-      if (!tc.tie_word_embeddings) return 0;
-      return a.use_ordered_embeddings ? candidates * row_bytes(t) : t.nbytes();
-    }
-    if (t.data == w.token_ordering.data) return candidates * dtype_size(t.dtype);
-  }
-  return t.nbytes();
-}
-
 template <class W>
 void account(const ModelConfig& c, W& w, const SafetensorsModel& st, Accounting* a) {
   uint64_t bound_bytes = 0;
@@ -64,7 +39,6 @@ void account(const ModelConfig& c, W& w, const SafetensorsModel& st, Accounting*
     a->params += static_cast<uint64_t>(t.numel());
     a->bytes += t.nbytes();
     a->bytes_by_dtype[dtype_name(t.dtype)] += t.nbytes();
-    a->bytes_per_token += bytes_read_per_token(c, w, name, t);
     bound_bytes += t.nbytes();
   });
   for (const TensorInfo& t : st.tensors()) {
@@ -74,6 +48,7 @@ void account(const ModelConfig& c, W& w, const SafetensorsModel& st, Accounting*
     a->tower_params += static_cast<uint64_t>(t.numel());
   }
   a->other_skipped_bytes = st.total_tensor_bytes() - bound_bytes - a->tower_bytes;
+  a->bytes_per_token = weight_bytes_per_token(c, w);
   for (const LayerSpec& l : c.text.layers) {
     if (l.owns_kv) a->kv_bytes_per_token += 2ull * l.n_kv_heads * l.head_dim * sizeof(float);
   }

@@ -10,5 +10,10 @@ void add_info_command(CLI::App& app, int& exit_code);
 void add_tokenize_command(CLI::App& app, int& exit_code);
 void add_logits_command(CLI::App& app, int& exit_code);
 void add_generate_command(CLI::App& app, int& exit_code);
+void add_chat_command(CLI::App& app, int& exit_code);
+
+struct SessionFlags;
+// The interactive chat loop (`tandem chat` and `tandem generate --chat`).
+int run_chat(const SessionFlags& flags, const std::string& system);
 
 }  // namespace tandem::cli

@@ -91,7 +91,8 @@ float gelu_tanh(float x) { return static_cast<float>(gelu_tanh_d(x)); }
 
 void embedding(const EmbeddingArgs& a) {
   check_float(a.out, "out");
-  check_float(a.table, "table");
+  TANDEM_CHECK_MSG(!a.table.empty() && dtype_is_float(a.table.dtype) && a.table.ndim == 2 && a.table.stride[1] == 1,
+                   "table %s must be a 2-d float tensor with contiguous rows", a.table.describe().c_str());
   check_i32(a.ids, "ids");
   const int64_t n = a.ids.numel(), dim = a.table.dim(1), n_vocab = a.table.dim(0);
   TANDEM_CHECK(a.out.rows() == n && a.out.dim(-1) == dim);
