@@ -78,7 +78,9 @@ TEST(Rejection, PointMassAcceptsWithProbabilityPAndResamplesWithoutTheDraft) {
   for (int i = 0; i < n; ++i) {
     Verdict v = verify_draft(p, {}, 2, rng);
     accepted += v.accepted;
-    if (!v.accepted) EXPECT_NE(v.token, 2);
+    if (!v.accepted) {
+      EXPECT_NE(v.token, 2);
+    }
     ++out[static_cast<size_t>(v.token)];
   }
   EXPECT_NEAR(accepted / static_cast<double>(n), 0.3, 0.01);

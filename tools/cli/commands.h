@@ -11,6 +11,7 @@ void add_tokenize_command(CLI::App& app, int& exit_code);
 void add_logits_command(CLI::App& app, int& exit_code);
 void add_generate_command(CLI::App& app, int& exit_code);
 void add_chat_command(CLI::App& app, int& exit_code);
+void add_bench_command(CLI::App& app, int& exit_code);
 
 struct SessionFlags;
 // The interactive chat loop (`tandem chat` and `tandem generate --chat`).

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   tandem::cli::add_info_command(app, exit_code);
   tandem::cli::add_generate_command(app, exit_code);
   tandem::cli::add_chat_command(app, exit_code);
+  tandem::cli::add_bench_command(app, exit_code);
   tandem::cli::add_logits_command(app, exit_code);
   tandem::cli::add_tokenize_command(app, exit_code);
 

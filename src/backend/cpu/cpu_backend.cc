@@ -29,13 +29,6 @@ int simd_type(DType t) {
   return kSimdF32;
 }
 
-float gelu_tanh_f32(float x) {
-  // PyTorch's tanh GELU: kBeta = sqrt(2) * (2 / sqrt(pi)) * 0.5 = sqrt(2 / pi), kKappa = 0.044715.
-  constexpr float kBeta = static_cast<float>(std::numbers::sqrt2 * (2.0 * std::numbers::inv_sqrtpi) * 0.5);
-  constexpr float kKappa = 0.044715f;
-  const float inner = kBeta * (x + kKappa * x * x * x);
-  return 0.5f * x * (1.f + std::tanh(inner));
-}
 
 CpuBackend::CpuBackend(int threads, const SimdOps& simd)
     : threads_(threads > 0 ? threads : omp_get_max_threads()), simd_(simd) {
@@ -150,8 +143,9 @@ void CpuBackend::gelu_mul(const GeluMulArgs& a) {
   const float* g = a.gate.ptr<float>();
   const float* u = a.up.ptr<float>();
   float* o = a.out.ptr<float>();
+  const int64_t chunk = 4096;
 #pragma omp parallel for num_threads(threads_) schedule(static) if (n > 16384)
-  for (int64_t i = 0; i < n; ++i) o[i] = gelu_tanh_f32(g[i]) * u[i];
+  for (int64_t c = 0; c < n; c += chunk) simd_.gelu_mul(o + c, g + c, u + c, std::min(chunk, n - c));
 }
 
 void CpuBackend::add(const AddArgs& a) {
@@ -181,8 +175,9 @@ void CpuBackend::softcap(const SoftcapArgs& a) {
   TANDEM_CHECK(a.cap > 0.f);
   float* x = a.x.ptr<float>();
   const int64_t n = a.x.numel();
+  const int64_t chunk = 4096;
 #pragma omp parallel for num_threads(threads_) schedule(static) if (n > 16384)
-  for (int64_t i = 0; i < n; ++i) x[i] = std::tanh(x[i] / a.cap) * a.cap;  // HF: (x / cap).tanh() * cap
+  for (int64_t c = 0; c < n; c += chunk) simd_.softcap(x + c, std::min(chunk, n - c), a.cap);  // HF: (x / cap).tanh() * cap
 }
 
 void CpuBackend::argmax(const ArgmaxArgs& a) {

@@ -76,8 +76,6 @@ class CpuBackend final : public Backend {
   std::vector<float> moe_w_;
 };
 
-// f32 gelu with the tanh approximation, evaluated as PyTorch's gelu(approximate="tanh") does.
-float gelu_tanh_f32(float x);
 // SimdType of a float dtype (TANDEM_CHECKed).
 int simd_type(DType t);
 

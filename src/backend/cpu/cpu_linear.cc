@@ -117,7 +117,7 @@ void CpuBackend::moe_experts(const MoeExpertsArgs& a) {
 
     for (int64_t s = 0; s < n_sel; ++s) {  // gelu(gate) * up, written over the gate half
       float* h = moe_h_.data() + s * 2 * d_ff;
-      for (int64_t f = 0; f < d_ff; ++f) h[f] = gelu_tanh_f32(h[f]) * h[d_ff + f];
+      simd_.gelu_mul(h, h, h + d_ff, d_ff);
     }
 
     LinearJob down;  // [n_sel, d_model] = h @ down[e]^T

@@ -39,6 +39,10 @@ struct SimdOps {
   void (*to_f32)(float* dst, const void* src, int stype, int64_t n);
   // sum_i x[i] (a streaming read, used by the op lab to measure read bandwidth).
   double (*sum)(const float* x, int64_t n);
+  // out[i] = gelu_tanh(g[i]) * u[i] in PyTorch's evaluation order, with a vectorised tanh (<= 2 ulp).
+  void (*gelu_mul)(float* out, const float* g, const float* u, int64_t n);
+  // x[i] = tanh(x[i] / cap) * cap (the final logit soft-cap), same tanh.
+  void (*softcap)(float* x, int64_t n, float cap);
 };
 
 // The tables, or nullptr when this build or this CPU lacks the instruction set.

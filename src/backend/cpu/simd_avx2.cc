@@ -39,6 +39,6 @@ struct V {
 }  // namespace
 
 extern const SimdOps kSimdOpsAvx2;
-constinit const SimdOps kSimdOpsAvx2 = {"avx2", &linear_rows, &dot, &axpy, &to_f32, &sum};
+constinit const SimdOps kSimdOpsAvx2 = {"avx2", &linear_rows, &dot, &axpy, &to_f32, &sum, &gelu_mul, &softcap};
 
 }  // namespace tandem::cpu

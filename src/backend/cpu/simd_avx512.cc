@@ -36,6 +36,6 @@ struct V {
 }  // namespace
 
 extern const SimdOps kSimdOpsAvx512;
-constinit const SimdOps kSimdOpsAvx512 = {"avx512", &linear_rows, &dot, &axpy, &to_f32, &sum};
+constinit const SimdOps kSimdOpsAvx512 = {"avx512", &linear_rows, &dot, &axpy, &to_f32, &sum, &gelu_mul, &softcap};
 
 }  // namespace tandem::cpu

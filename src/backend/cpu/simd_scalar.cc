@@ -36,7 +36,7 @@ struct V {
 }  // namespace
 
 const SimdOps& simd_ops_scalar() {
-  static constexpr SimdOps kOps = {"scalar", &linear_rows, &dot, &axpy, &to_f32, &sum};
+  static constexpr SimdOps kOps = {"scalar", &linear_rows, &dot, &axpy, &to_f32, &sum, &gelu_mul, &softcap};
   return kOps;
 }
 

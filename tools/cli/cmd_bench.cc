@@ -1,0 +1,256 @@
+// `tandem bench`: decode, verify, draft and speculative-round times of a checkpoint or of a released
+// architecture with random weights built in memory, each next to the memory-bandwidth floor measured in the same
+// run (weight bytes read per token / measured bandwidth). Appends its table to a results file on request.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <random>
+
+#include <omp.h>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "core/strings.h"
+#include "model/assistant.h"
+#include "model/synthetic.h"
+
+namespace tandem::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BenchOptions {
+  std::string model, draft, arch, device = "cpu", results;
+  int threads = 0, iters = 20, context = 128, max_k = 6;
+  bool json = false, no_draft = false;
+};
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Read bandwidth of this backend: a parallel sum over 1 GiB on the CPU; a device-to-device copy (bytes read +
+// written) elsewhere. Best of several runs.
+Result<double> measure_bandwidth(Backend& be) {
+  const size_t bytes = size_t{1} << 30;
+  if (be.device().is_cpu()) {
+    TANDEM_ASSIGN_OR_RETURN(Buffer b, Buffer::host(bytes));
+    const int64_t n = static_cast<int64_t>(bytes / sizeof(uint64_t));
+    uint64_t* p = static_cast<uint64_t*>(b.data());
+    for (int64_t i = 0; i < n; i += 512) p[i] = static_cast<uint64_t>(i);
+    double best = 1e30;
+    uint64_t sink = 0;
+    for (int r = 0; r < 5; ++r) {
+      const auto t0 = Clock::now();
+      uint64_t s = 0;  // integer adds vectorise without reassociation concerns
+#pragma omp parallel for simd reduction(+ : s) schedule(static)
+      for (int64_t i = 0; i < n; ++i) s += p[i];
+      best = std::min(best, seconds_since(t0));
+      sink += s;
+    }
+    if (sink == 42) std::printf(" ");
+    return static_cast<double>(bytes) / best;
+  }
+  TANDEM_ASSIGN_OR_RETURN(Buffer a, be.alloc(bytes));
+  TANDEM_ASSIGN_OR_RETURN(Buffer b, be.alloc(bytes));
+  double best = 1e30;
+  for (int r = 0; r < 6; ++r) {
+    TANDEM_TRY(be.synchronize());
+    const auto t0 = Clock::now();
+    TANDEM_TRY(be.copy(b.data(), a.data(), bytes, CopyKind::kDeviceToDevice));
+    TANDEM_TRY(be.synchronize());
+    if (r) best = std::min(best, seconds_since(t0));
+  }
+  return 2.0 * static_cast<double>(bytes) / best;
+}
+
+struct Row {
+  std::string what;
+  double ms = 0, ratio = 0;
+  std::string ratio_to;
+};
+
+Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* header) {
+  if (o.model.empty() == o.arch.empty()) return invalid_argument("give exactly one of --model and --arch");
+  if (o.iters < 1 || o.context < 1 || o.max_k < 1 || o.max_k > 16) return invalid_argument("--iters, --context >= 1; --max-k 1..16");
+  TANDEM_ASSIGN_OR_RETURN(auto be, open_backend(o.device, o.threads));
+  ProgressBar bar("loading target");
+  LoadOptions lo{.progress = [&](uint64_t d, uint64_t t) { bar.update(d, t); }};
+  std::unique_ptr<Gemma4Model> target;
+  std::unique_ptr<Gemma4Assistant> drafter;
+  std::string name = o.model;
+  if (!o.arch.empty()) {
+    name = o.arch + " (random bf16 weights)";
+    TANDEM_ASSIGN_OR_RETURN(ModelConfig cfg, arch_config(o.arch, false));
+    std::fprintf(stderr, "tandem bench: building %s of random %s weights\n",
+                 human_bytes(synthetic_weight_bytes(cfg)).c_str(), o.arch.c_str());
+    TANDEM_ASSIGN_OR_RETURN(WeightStore ws, make_random_weights(cfg, 1));
+    TANDEM_ASSIGN_OR_RETURN(target, Gemma4Model::load_from(std::move(cfg), std::move(ws), o.arch, *be, lo));
+    if (!o.no_draft) {
+      TANDEM_ASSIGN_OR_RETURN(ModelConfig dcfg, arch_config(o.arch, true));
+      TANDEM_ASSIGN_OR_RETURN(WeightStore dws, make_random_weights(dcfg, 2));
+      TANDEM_ASSIGN_OR_RETURN(drafter, Gemma4Assistant::load_from(std::move(dcfg), std::move(dws), o.arch + "-assistant", *target));
+    }
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(target, Gemma4Model::load(o.model, *be, lo));
+    if (!o.draft.empty()) {
+      TANDEM_ASSIGN_OR_RETURN(drafter, Gemma4Assistant::load(o.draft, *target));
+    }
+  }
+  bar.finish();
+  TargetWeights tw = target->weights();
+  const double bytes_tok = static_cast<double>(weight_bytes_per_token(target->config(), tw));
+  TANDEM_ASSIGN_OR_RETURN(double bw, measure_bandwidth(*be));
+  const double floor_ms = 1e3 * bytes_tok / bw;
+  *header = strfmt("%s on %s | weights read per token %s | measured bandwidth %.1f GB/s | floor %.3f ms/token",
+                   name.c_str(), be->name(), human_bytes(static_cast<uint64_t>(bytes_tok)).c_str(), bw / 1e9, floor_ms);
+
+  const int V = target->text().n_vocab;
+  std::mt19937 rng(7);
+  auto random_tokens = [&](int n) {
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (int32_t& t : v) t = static_cast<int32_t>(3 + rng() % static_cast<unsigned>(V - 3));
+    return v;
+  };
+  TANDEM_ASSIGN_OR_RETURN(KvCache cache, target->new_cache({.max_positions = o.context + o.iters * (o.max_k + 3) + 64,
+                                                            .max_tokens_per_forward = 256}));
+  ForwardOutputs out;
+  auto fwd = [&](const std::vector<int32_t>& toks, int n_out) -> Status {
+    SequenceInput in{.cache = &cache, .tokens = toks, .n_outputs = n_out};
+    TANDEM_TRY(target->forward(std::span(&in, 1), &out));
+    return be->synchronize();
+  };
+  // Prefill throughput.
+  const std::vector<int32_t> prompt = random_tokens(o.context);
+  auto t0 = Clock::now();
+  TANDEM_TRY(fwd(prompt, 1));
+  const double prefill_s = seconds_since(t0);
+  rows->push_back({strfmt("prefill %d tokens (%.0f tok/s)", o.context, o.context / prefill_s), prefill_s * 1e3, 0, ""});
+  // Decode: one token per forward, committed.
+  std::vector<double> dec;
+  for (int i = 0; i < o.iters + 2; ++i) {
+    t0 = Clock::now();
+    TANDEM_TRY(fwd(random_tokens(1), 1));
+    if (i >= 2) dec.push_back(seconds_since(t0));
+  }
+  const double decode_ms = 1e3 * median(dec);
+  rows->push_back({strfmt("decode 1 token (%.1f tok/s)", 1e3 / decode_ms), decode_ms, decode_ms / floor_ms, "floor"});
+  // Verify passes of T tokens, rolled back each time.
+  std::vector<double> verify_ms(static_cast<size_t>(o.max_k) + 2, 0);
+  for (int T = 2; T <= o.max_k + 1; ++T) {
+    std::vector<double> v;
+    for (int i = 0; i < o.iters; ++i) {
+      const int64_t len = cache.length();
+      t0 = Clock::now();
+      TANDEM_TRY(fwd(random_tokens(T), T));
+      v.push_back(seconds_since(t0));
+      TANDEM_TRY(cache.truncate(len));
+    }
+    verify_ms[static_cast<size_t>(T)] = 1e3 * median(v);
+    rows->push_back({strfmt("verify %d tokens", T), verify_ms[static_cast<size_t>(T)],
+                     verify_ms[static_cast<size_t>(T)] / decode_ms, "decode"});
+  }
+  if (!drafter) return ok_status();
+  // Draft step and full speculative rounds (K draft steps + a K+1 verify + rollback).
+  TANDEM_TRY(fwd(random_tokens(1), 1));
+  const Tensor g = out.hidden;
+  const int64_t P = cache.length();
+  std::vector<double> ds;
+  for (int i = 0; i < o.iters + 2; ++i) {
+    DraftStepResult r;
+    t0 = Clock::now();
+    TANDEM_TRY(drafter->step({.cache = &cache, .kv_end = P, .q_pos = P, .token = 5, .g_in = i == 0 ? &g : nullptr}, &r));
+    if (i >= 2) ds.push_back(seconds_since(t0));
+  }
+  const double draft_ms = 1e3 * median(ds);
+  rows->push_back({"draft step", draft_ms, draft_ms / decode_ms, "decode"});
+  for (int k = 2; k <= o.max_k; ++k) {
+    std::vector<double> v;
+    for (int i = 0; i < o.iters; ++i) {
+      TANDEM_TRY(fwd(random_tokens(1), 1));  // fresh hidden for the round's first step
+      const Tensor g0 = out.hidden;
+      const int64_t p = cache.length();
+      t0 = Clock::now();
+      int32_t t = 5;
+      std::vector<int32_t> block = {t};
+      for (int j = 0; j < k; ++j) {
+        DraftStepResult r;
+        TANDEM_TRY(drafter->step({.cache = &cache, .kv_end = p, .q_pos = p, .token = t, .g_in = j == 0 ? &g0 : nullptr}, &r));
+        t = r.argmax;
+        block.push_back(t);
+      }
+      TANDEM_TRY(fwd(block, k + 1));
+      v.push_back(seconds_since(t0));
+      TANDEM_TRY(cache.truncate(p));
+    }
+    const double ms = 1e3 * median(v);
+    rows->push_back({strfmt("round K=%d (draft + verify %d)", k, k + 1), ms, ms / decode_ms, "decode"});
+  }
+  return ok_status();
+}
+
+std::string machine_name() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (starts_with(line, "model name")) return line.substr(line.find(':') + 2);
+  return "unknown cpu";
+}
+
+int bench_main(const BenchOptions& o, const std::string& command) {
+  std::vector<Row> rows;
+  std::string header;
+  Status s = run_bench(o, &rows, &header);
+  if (!s.ok()) return fail("bench", s);
+  const std::string machine = o.device == "cpu" ? strfmt("%s, %d threads", machine_name().c_str(), omp_get_max_threads()) : o.device;
+  std::printf("%s\nmachine: %s\n\n%-40s %12s %12s\n", header.c_str(), machine.c_str(), "measure", "ms", "ratio");
+  for (const Row& r : rows)
+    std::printf("%-40s %12.3f %12s\n", r.what.c_str(), r.ms,
+                r.ratio_to.empty() ? "" : strfmt("%.2fx %s", r.ratio, r.ratio_to.c_str()).c_str());
+  if (!o.results.empty()) {
+    std::ofstream f(o.results, std::ios::app);
+    if (!f) return fail("bench", io_error("cannot append to " + o.results));
+    char date[32];
+    std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+    f << "\n### tandem bench, " << date << ", " << machine << "\n\n`" << command << "`\n\n" << header << "\n\n"
+      << "| measure | ms | ratio |\n|---|---|---|\n";
+    for (const Row& r : rows)
+      f << "| " << r.what << " | " << strfmt("%.3f", r.ms) << " | "
+        << (r.ratio_to.empty() ? "" : strfmt("%.2fx %s", r.ratio, r.ratio_to.c_str())) << " |\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<BenchOptions>();
+  auto* cmd = app.add_subcommand("bench", "Time decode, verify, draft steps and speculative rounds against the bandwidth floor");
+  cmd->add_option("--model", o->model, "Target checkpoint directory");
+  cmd->add_option("--draft", o->draft, "Assistant checkpoint directory");
+  cmd->add_option("--arch", o->arch, "Released architecture with random weights: " + join(arch_names(), ", "));
+  cmd->add_flag("--no-draft", o->no_draft, "With --arch: skip the assistant");
+  cmd->add_option("--iters", o->iters, "Timed repetitions per measure (median reported)")->capture_default_str();
+  cmd->add_option("--context", o->context, "Prompt length before the decode measures")->capture_default_str();
+  cmd->add_option("--max-k", o->max_k, "Largest draft block timed")->capture_default_str();
+  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("--results", o->results, "Append the table to this markdown file (e.g. bench/RESULTS.md)");
+  cmd->footer("Examples:\n  tandem bench --model models/demo/target --draft models/demo/assistant\n"
+              "  tandem bench --arch gemma4-e2b --iters 5 --results bench/RESULTS.md");
+  cmd->callback([o, cmd, &exit_code] {
+    std::string command = "tandem bench";
+    for (const auto* opt : cmd->get_options())
+      if (opt->count() > 0 && opt->get_name() != "--help")
+        command += " " + opt->get_name() + (opt->get_expected_min() > 0 ? " " + opt->as<std::string>() : "");
+    exit_code = bench_main(*o, command);
+  });
+}
+
+}  // namespace tandem::cli
