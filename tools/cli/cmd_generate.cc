@@ -1,6 +1,9 @@
 // `tandem generate`: plain or speculative (MTP assistant) generation from token ids or text, streaming the output,
 // with per-round statistics (--json) and an in-run comparison against plain decoding (--compare).
+#include <algorithm>
 #include <cstdio>
+
+#include "core/strings.h"
 
 #include "commands.h"
 #include "session.h"
@@ -13,7 +16,13 @@ struct GenerateFlags {
   SessionFlags s;
   std::string ids, prompt, system;
   bool chat_format = false, json = false, compare = false, chat = false;
+  int repeat = 1;
 };
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 // The prompt as ids: --ids as given; --prompt as raw text after <bos> (a completion), or as one user turn in the
 // checkpoint's chat format with --chat-format.
@@ -45,14 +54,24 @@ int run_generate(const GenerateFlags& o) {
   auto ids = prompt_ids(o, s);
   if (!ids.ok()) return fail("generate", ids.status());
 
+  // --compare: plain and speculative runs alternate --repeat times (this machine's speed drifts); medians reported.
   GenerationResult plain;
+  std::vector<double> plain_tps, spec_tps;
+  Generator gen(*s.target, s.drafter.get());
   if (o.compare) {
     Generator base(*s.target, nullptr);
-    auto r = base.generate(*ids, s.options);
-    if (!r.ok()) return fail("generate", r.status());
-    plain = std::move(*r);
+    for (int i = 0; i < o.repeat; ++i) {
+      auto r = base.generate(*ids, s.options);
+      if (!r.ok()) return fail("generate", r.status());
+      plain_tps.push_back(r->stats.decode_tokens_per_second());
+      plain = std::move(*r);
+      if (i + 1 < o.repeat) {
+        auto sr = gen.generate(*ids, s.options);
+        if (!sr.ok()) return fail("generate", sr.status());
+        spec_tps.push_back(sr->stats.decode_tokens_per_second());
+      }
+    }
   }
-  Generator gen(*s.target, s.drafter.get());
   const bool text = s.tokenizer != nullptr && !o.json;
   std::optional<tok::StreamDecoder> decoder;
   if (text) decoder.emplace(s.tokenizer->stream_decoder(/*skip_special_tokens=*/true));
@@ -72,10 +91,12 @@ int run_generate(const GenerateFlags& o) {
   const bool spec = s.drafter != nullptr;
   nlohmann::json compare;
   if (o.compare) {
-    const double base_tps = plain.stats.decode_tokens_per_second(), spec_tps = res->stats.decode_tokens_per_second();
-    compare = {{"plain_tokens_per_second", base_tps},
-               {"speculative_tokens_per_second", spec_tps},
-               {"speedup", base_tps > 0 ? spec_tps / base_tps : 0.0},
+    spec_tps.push_back(res->stats.decode_tokens_per_second());
+    const double base = median_of(plain_tps), spec_med = median_of(spec_tps);
+    compare = {{"runs", o.repeat},
+               {"plain_tokens_per_second", base},
+               {"speculative_tokens_per_second", spec_med},
+               {"speedup", base > 0 ? spec_med / base : 0.0},
                {"identical_output", plain.tokens == res->tokens}};
   }
   if (o.json) {
@@ -94,8 +115,9 @@ int run_generate(const GenerateFlags& o) {
   std::printf("\n");
   std::fprintf(stderr, "\ntandem: %s\n", summary_line(res->stats, spec).c_str());
   if (o.compare)
-    std::fprintf(stderr, "tandem: plain decoding %.1f tok/s, speculative %.1f tok/s: speedup %.2fx (output %s)\n",
+    std::fprintf(stderr, "tandem: plain decoding %.1f tok/s, speculative %.1f tok/s%s: speedup %.2fx (output %s)\n",
                  compare["plain_tokens_per_second"].get<double>(), compare["speculative_tokens_per_second"].get<double>(),
+                 o.repeat > 1 ? strfmt(" (medians of %d alternating runs)", o.repeat).c_str() : "",
                  compare["speedup"].get<double>(), plain.tokens == res->tokens ? "identical" : "differs");
   return 0;
 }
@@ -113,6 +135,9 @@ void add_generate_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--chat", o->chat, "Interactive multi-turn chat (same as `tandem chat`)");
   cmd->add_flag("--json", o->json, "Print one JSON object: ids, text, rounds, stats");
   cmd->add_flag("--compare", o->compare, "Also run plain decoding and report the speedup");
+  cmd->add_option("--repeat", o->repeat, "With --compare: alternate plain and speculative runs N times, report medians")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
   cmd->footer(
       "Examples:\n"
       "  tandem generate --model models/demo/target --prompt \"And God said\" --max-tokens 64\n"

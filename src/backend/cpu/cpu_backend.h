@@ -72,6 +72,7 @@ class CpuBackend final : public Backend {
   StreamId stream_ = kDefaultStream;
   // moe_experts working memory, grown on demand and reused across calls.
   std::vector<float> moe_x_, moe_h_, moe_y_;
+  std::vector<float> pair_x_;  // x re-laid out for the paired-bf16 kernels (simd.h)
   std::vector<int32_t> moe_tok_;
   std::vector<float> moe_w_;
 };

@@ -11,8 +11,26 @@
 
 namespace tandem::cpu {
 
-void CpuBackend::run_linear(const LinearJob& job, int64_t n_out) {
-  if (n_out == 0 || job.n_tok == 0) return;
+void CpuBackend::run_linear(const LinearJob& job_in, int64_t n_out) {
+  if (n_out == 0 || job_in.n_tok == 0) return;
+  LinearJob job = job_in;
+  if (job.wtype == kSimdBF16 && simd_.pair_lanes > 0) {
+    // Paired-bf16 kernels read x as [even | odd] halves of each 2L block (simd.h), built once per call.
+    const int64_t L2 = 2 * simd_.pair_lanes, n = job.n_in;
+    pair_x_.resize(static_cast<size_t>(job.n_tok * n));
+    for (int64_t t = 0; t < job.n_tok; ++t) {
+      const float* x = job.x + t * job.x_stride;
+      float* d = pair_x_.data() + t * n;
+      int64_t b = 0;
+      for (; b + L2 <= n; b += L2)
+        for (int64_t i = 0; i < L2 / 2; ++i) {
+          d[b + i] = x[b + 2 * i];
+          d[b + L2 / 2 + i] = x[b + 2 * i + 1];
+        }
+      for (; b < n; ++b) d[b] = x[b];
+    }
+    job.x_pair = pair_x_.data();
+  }
   // Below ~64K multiply-adds a parallel region costs more than it saves.
   const int64_t work = n_out * job.n_in * job.n_tok;
   constexpr int64_t kGrain = 16;  // rows per unit of the split: a multiple of every kernel's row block

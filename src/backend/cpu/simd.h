@@ -25,10 +25,17 @@ struct LinearJob {
   int64_t out_stride = 0;
   float alpha = 1.f;
   bool accumulate = false;
+  // bf16 weights on tables with pair_lanes > 0: x re-laid out per token in blocks of 2 * pair_lanes, the even
+  // elements of the block first, then the odd ones (run by CpuBackend::run_linear). Token stride n_in.
+  const float* x_pair = nullptr;
 };
 
 struct SimdOps {
   const char* name;
+  // > 0: bf16 weights are read two at a time from each 32-bit word (the high half is already an f32 once the low
+  // half is masked off, the low half after a 16-bit shift), halving the conversion work; the kernels then need
+  // LinearJob::x_pair. Every token count uses the same order of additions, so results do not depend on batching.
+  int pair_lanes;
   // Rows [row_begin, row_end) of job->out, every token. Row ranges of different threads must not overlap.
   void (*linear_rows)(const LinearJob* job, int64_t row_begin, int64_t row_end);
   // sum_i a[i] * b[i], b of type btype.

@@ -14,6 +14,7 @@ struct V {
   static constexpr int kRowsOneToken = 4;
   static constexpr int kRowsTwoTokens = 4;
   static constexpr int kRowsManyTokens = 4;
+  static constexpr int64_t kPairLanes = 0;  // no paired bf16 path
   static T zero() { return 0.f; }
   static T set1(float f) { return f; }
   static T load(const float* p) { return *p; }
@@ -24,6 +25,11 @@ struct V {
     return f;
   }
   static T load_f16(const uint16_t* p) { return half_to_float(*p); }
+  // Paired bf16 (see simd.h); unused here (kPairLanes = 0) but kept so the shared kernels compile.
+  static void load_bf16_pair(const uint16_t* p, T& lo, T& hi) {
+    lo = load_bf16(p);
+    hi = load_bf16(p + 1);
+  }
   static void store(float* p, T v) { *p = v; }
   static T fmadd(T a, T b, T c) { return a * b + c; }
   static T add(T a, T b) { return a + b; }
@@ -36,7 +42,7 @@ struct V {
 }  // namespace
 
 const SimdOps& simd_ops_scalar() {
-  static constexpr SimdOps kOps = {"scalar", &linear_rows, &dot, &axpy, &to_f32, &sum, &gelu_mul, &softcap};
+  static constexpr SimdOps kOps = {"scalar", 0, &linear_rows, &dot, &axpy, &to_f32, &sum, &gelu_mul, &softcap};
   return kOps;
 }
 
