@@ -38,31 +38,8 @@ Gemma4Assistant::Gemma4Assistant(Gemma4Model& target) : target_(target), backend
 Gemma4Assistant::~Gemma4Assistant() = default;
 
 Status Gemma4Assistant::check_compatible(const std::string& dir) const {
-  const TextConfig& t = target_.text();
-  const TextConfig& d = cfg_.text;
-  auto mismatch = [&](const char* what, long long dv, long long tv) {
-    return invalid_argument(strfmt("drafter %s does not match the target: %s is %lld in the drafter, %lld in the target",
-                                   dir.c_str(), what, dv, tv));
-  };
-  if (cfg_.assistant->backbone_d_model != t.d_model)
-    return mismatch("backbone_hidden_size / hidden_size", cfg_.assistant->backbone_d_model, t.d_model);
-  if (d.n_vocab != t.n_vocab) return mismatch("vocab_size", d.n_vocab, t.n_vocab);
-  for (const LayerSpec& ls : d.layers) {
-    int src = t.shared_kv_layer(ls.attn);
-    if (src < 0)
-      return invalid_argument(strfmt("drafter %s has a %s-attention layer but the target publishes no %s K/V",
-                                     dir.c_str(), attn_type_name(ls.attn), attn_type_name(ls.attn)));
-    const LayerSpec& ts = t.layer(src);
-    if (ls.head_dim != ts.head_dim) return mismatch(strfmt("%s head_dim", attn_type_name(ls.attn)).c_str(), ls.head_dim, ts.head_dim);
-    if (ls.n_kv_heads != ts.n_kv_heads)
-      return mismatch(strfmt("%s num_key_value_heads", attn_type_name(ls.attn)).c_str(), ls.n_kv_heads, ts.n_kv_heads);
-    if (ls.attn == AttnType::kSliding && ls.window != ts.window) return mismatch("sliding_window", ls.window, ts.window);
-  }
-  auto same_rope = [](const RopeSpec& a, const RopeSpec& b) {
-    return a.kind == b.kind && a.theta == b.theta && a.partial_rotary_factor == b.partial_rotary_factor;
-  };
-  if (!same_rope(d.rope_sliding, t.rope_sliding) || !same_rope(d.rope_full, t.rope_full))
-    return invalid_argument(strfmt("drafter %s uses different RoPE parameters than the target", dir.c_str()));
+  Status s = check_assistant_compatible(target_.config(), cfg_);
+  if (!s.ok()) return invalid_argument("drafter " + dir + " does not match the target: " + s.message());
   return ok_status();
 }
 
@@ -89,7 +66,7 @@ Result<std::unique_ptr<Gemma4Assistant>> Gemma4Assistant::load_from(ModelConfig 
   if (!bound.ok()) return Status(bound.status()).with_context(dir);
   m->w_ = std::move(bound).value();
 
-  for (const LayerWeights& lw : m->w_.layers) m->layer_scalar_.push_back(load_as_f32(lw.layer_scalar.data, lw.layer_scalar.dtype, 0));
+  m->layer_scalar_ = host_layer_scalars(m->w_.layers);
   const AssistantConfig& ac = *m->cfg_.assistant;
   if (ac.use_ordered_embeddings) {
     m->head_ = DraftHeadKind::kCentroid;
@@ -110,13 +87,7 @@ Result<std::unique_ptr<Gemma4Assistant>> Gemma4Assistant::load_from(ModelConfig 
   AssistantWeights* w = &m->w_;
   TANDEM_TRY(m->store_.place(backend, [mcfg, w](const auto& fn) { for_each_tensor(*mcfg, *w, fn); }, opts.progress));
   const TextConfig& tc = m->cfg_.text;
-  auto upload_freq = [&](const RopeSpec& rope, int head_dim, Buffer* out) -> Status {
-    std::vector<float> f = rope.inv_freq(head_dim);
-    TANDEM_ASSIGN_OR_RETURN(*out, backend.alloc(f.size() * sizeof(float)));
-    return backend.copy(out->data(), f.data(), f.size() * sizeof(float), CopyKind::kHostToDevice);
-  };
-  TANDEM_TRY(upload_freq(tc.rope_sliding, tc.head_dim, &m->inv_freq_sliding_));
-  TANDEM_TRY(upload_freq(tc.rope_full, tc.global_head_dim, &m->inv_freq_full_));
+  TANDEM_TRY(m->rope_.upload(backend, tc));
 
   // Workspace: every step has exactly one query row.
   auto ws = std::make_unique<Workspace>();
@@ -177,7 +148,7 @@ Status Gemma4Assistant::step(const DraftStepArgs& a, DraftStepResult* out) {
     const LayerSpec& ls = tc.layer(k);
     const LayerWeights& lw = w_.layers[static_cast<size_t>(k)];
     const int64_t nh = tc.n_heads, hd = ls.head_dim;
-    const Tensor inv_freq = (ls.attn == AttnType::kSliding ? inv_freq_sliding_ : inv_freq_full_).view(DType::kF32, {hd / 2});
+    const Tensor inv_freq = rope_.for_layer(ls.attn, ls.head_dim);
     backend_.rms_norm({.out = zn, .x = z, .weight = lw.input_norm, .eps = tc.rms_eps});
     const Tensor q = ws.q.view(act, {1, nh, hd});
     backend_.linear({.out = q.reshape({1, nh * hd}), .x = zn, .w = lw.attn.q_proj});

@@ -12,6 +12,7 @@
 #include "backend/backend.h"
 #include "kv/kv_cache.h"
 #include "model/gemma4.h"
+#include "model/rope_tables.h"
 
 namespace tandem {
 
@@ -63,7 +64,7 @@ class Gemma4Assistant {
   DraftHeadKind head_ = DraftHeadKind::kTiedDense;
   std::vector<float> layer_scalar_;
   std::vector<int32_t> token_ordering_;  // host copy [n_vocab]: row r of the [C, V/C] view = cluster r's tokens
-  Buffer inv_freq_sliding_, inv_freq_full_;
+  RopeTables rope_;
   std::unique_ptr<Workspace> ws_;
 };
 

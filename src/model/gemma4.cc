@@ -62,7 +62,7 @@ Result<std::unique_ptr<Gemma4Model>> Gemma4Model::load_from(ModelConfig cfg, Wei
   m->w_ = std::move(bound).value();
 
   // Scalars the forward needs on the host, read before the weights move to the device.
-  for (const LayerWeights& lw : m->w_.layers) m->layer_scalar_.push_back(load_as_f32(lw.layer_scalar.data, lw.layer_scalar.dtype, 0));
+  m->layer_scalar_ = host_layer_scalars(m->w_.layers);
   // HF casts sqrt(H) (a Python double -> f32 buffer) to the weight dtype before multiplying (spec §1.3).
   m->embed_scale_ = round_to_dtype(static_cast<float>(std::sqrt(static_cast<double>(tc.d_model))), m->w_.embed.dtype);
   if (tc.ple_dim > 0)
@@ -82,13 +82,7 @@ Result<std::unique_ptr<Gemma4Model>> Gemma4Model::load_from(ModelConfig cfg, Wei
   TargetWeights* w = &m->w_;
   TANDEM_TRY(m->store_.place(backend, [mcfg, w](const auto& fn) { for_each_tensor(*mcfg, *w, fn); }, opts.progress));
 
-  auto upload_freq = [&](const RopeSpec& rope, int head_dim, Buffer* out) -> Status {
-    std::vector<float> f = rope.inv_freq(head_dim);
-    TANDEM_ASSIGN_OR_RETURN(*out, backend.alloc(f.size() * sizeof(float)));
-    return backend.copy(out->data(), f.data(), f.size() * sizeof(float), CopyKind::kHostToDevice);
-  };
-  TANDEM_TRY(upload_freq(tc.rope_sliding, tc.head_dim, &m->inv_freq_sliding_));
-  TANDEM_TRY(upload_freq(tc.rope_full, tc.global_head_dim, &m->inv_freq_full_));
+  TANDEM_TRY(m->rope_.upload(backend, tc));
   TANDEM_TRY(backend.synchronize());
   return m;
 }
@@ -280,8 +274,7 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
   const Tensor x = ws.x.view(act, {rows, d});
   const Tensor xn = ws.xn.view(act, {rows, d});
   const Tensor pos = ws.pos.view(DType::kI32, {rows});
-  const Tensor inv_freq = (ls.attn == AttnType::kSliding ? inv_freq_sliding_ : inv_freq_full_)
-                              .view(DType::kF32, {hd / 2});
+  const Tensor inv_freq = rope_.for_layer(ls.attn, ls.head_dim);
 
   // Attention block (spec §1.5, §1.6).
   backend_.rms_norm({.out = xn, .x = x, .weight = lw.input_norm, .eps = tc.rms_eps});

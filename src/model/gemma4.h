@@ -13,6 +13,7 @@
 #include "kv/kv_cache.h"
 #include "model/gemma4_config.h"
 #include "model/gemma4_weights.h"
+#include "model/rope_tables.h"
 #include "model/weight_store.h"
 
 namespace tandem {
@@ -78,7 +79,7 @@ class Gemma4Model {
   std::vector<float> layer_scalar_;       // host copies of layers.N.layer_scalar
   float embed_scale_ = 1.f;               // bf16(sqrt(d_model)) for bf16 tables (spec §1.3)
   float ple_embed_scale_ = 1.f;           // bf16(sqrt(ple_dim))
-  Buffer inv_freq_sliding_, inv_freq_full_;  // f32 [head_dim / 2] per attention type
+  RopeTables rope_;
   std::unique_ptr<Workspace> ws_;
 };
 

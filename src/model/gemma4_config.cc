@@ -670,6 +670,10 @@ Status check_assistant_compatible(const ModelConfig& target, const ModelConfig& 
                                   l.n_kv_heads, l.head_dim, tl.n_kv_heads, tl.head_dim));
         break;
       }
+      if (l.window != tl.window) {  // the drafter's window must be what the target's sliding cache keeps
+        problems.push_back(strfmt("sliding_window %d != target %d", l.window, tl.window));
+        break;
+      }
     }
     const RopeSpec& ra = type == AttnType::kSliding ? a.rope_sliding : a.rope_full;
     const RopeSpec& rt = type == AttnType::kSliding ? t.rope_sliding : t.rope_full;
@@ -678,7 +682,7 @@ Status check_assistant_compatible(const ModelConfig& target, const ModelConfig& 
     }
   }
   if (problems.empty()) return ok_status();
-  return invalid_argument("assistant does not fit the target: " + join(problems, "; "));
+  return invalid_argument(join(problems, "; "));
 }
 
 }  // namespace tandem

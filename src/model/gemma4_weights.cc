@@ -327,4 +327,10 @@ uint64_t bytes_per_token(const ModelConfig& c, W& w) {
 uint64_t weight_bytes_per_token(const ModelConfig& cfg, TargetWeights& w) { return bytes_per_token(cfg, w); }
 uint64_t weight_bytes_per_token(const ModelConfig& cfg, AssistantWeights& w) { return bytes_per_token(cfg, w); }
 
+std::vector<float> host_layer_scalars(const std::vector<LayerWeights>& layers) {
+  std::vector<float> out;
+  for (const LayerWeights& lw : layers) out.push_back(load_as_f32(lw.layer_scalar.data, lw.layer_scalar.dtype, 0));
+  return out;
+}
+
 }  // namespace tandem

@@ -104,6 +104,9 @@ std::vector<ExpectedTensor> expected_tensors(const ModelConfig& cfg);
 uint64_t weight_bytes_per_token(const ModelConfig& cfg, TargetWeights& w);
 uint64_t weight_bytes_per_token(const ModelConfig& cfg, AssistantWeights& w);
 
+// Host copies of every layer's learned layer_scalar (read before the weights move to a device).
+std::vector<float> host_layer_scalars(const std::vector<LayerWeights>& layers);
+
 // Binds the checkpoint's tensors. Fails with a message naming every missing, misshaped, wrongly typed and
 // unexpected tensor (the first 200 of them). Known extras are skipped: the multimodal towers, the k/v weights of
 // KV-shared layers, lm_head.weight when tied. An assistant's token_ordering is checked to be a permutation.
