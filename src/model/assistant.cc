@@ -155,12 +155,11 @@ Status Gemma4Assistant::step(const DraftStepArgs& a, DraftStepResult* out) {
     backend_.rms_norm({.out = q, .x = q, .weight = lw.attn.q_norm, .eps = tc.rms_eps});
     backend_.rope({.x = q, .pos = pos, .inv_freq = inv_freq});
     // The query at Pq = P sees target keys [0, P): all of them on the full layer, the newest W+1 on sliding
-    // layers (HF's inclusive bidirectional window, flipped to look back: spec §4.6). window = W+2 because the
-    // attention op keeps keys k > q_pos - window.
+    // layers (drafter_sliding_window).
     const int src = target_.text().shared_kv_layer(ls.attn);
     const Tensor attn = ws.attn.view(act, {1, nh, hd});
     backend_.attention({.out = attn, .q = q, .kv = a.cache->view(src, a.kv_end), .q_pos = pos,
-                        .window = ls.attn == AttnType::kSliding ? static_cast<int64_t>(ls.window) + 2 : 0,
+                        .window = ls.attn == AttnType::kSliding ? drafter_sliding_window(ls.window) : 0,
                         .causal = true, .scale = 1.f});
     backend_.linear({.out = o, .x = attn.reshape({1, nh * hd}), .w = lw.attn.o_proj});
     backend_.rms_norm({.out = o, .x = o, .weight = lw.post_attn_norm, .eps = tc.rms_eps});

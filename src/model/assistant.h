@@ -19,6 +19,11 @@ namespace tandem {
 enum class DraftHeadKind : uint8_t { kTiedDense, kUntiedDense, kCentroid };
 const char* draft_head_name(DraftHeadKind k);
 
+// The attention window (in the AttentionArgs sense: keys k > q_pos - window) that makes a drafter query at
+// Pq = P see exactly the newest W+1 keys of the target's sliding K/V [0, P): HF's inclusive bidirectional window
+// |q - k| <= W, flipped to look back from the newest key (spec §4.6).
+constexpr int64_t drafter_sliding_window(int64_t W) { return W + 2; }
+
 struct DraftStepArgs {
   const KvCache* cache = nullptr;  // the target's cache; positions [0, kv_end) are read
   int64_t kv_end = 0;              // P: the target K/V the drafter sees are positions [0, P) (clean mode)
