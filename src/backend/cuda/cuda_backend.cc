@@ -115,10 +115,6 @@ void CudaBackend::record(Status s) {
   if (!s.ok() && pending_.ok()) pending_ = std::move(s);
 }
 
-void CudaBackend::not_implemented(const char* op) {
-  record(unsupported(strfmt("cuda backend: op %s is not implemented yet", op)));
-}
-
 bool CudaBackend::supports(Op op, DType weight_dtype) const {
   const bool f32_or_bf16 = weight_dtype == DType::kF32 || weight_dtype == DType::kBF16;
   switch (op) {
@@ -131,8 +127,11 @@ bool CudaBackend::supports(Op op, DType weight_dtype) const {
     case Op::kAdd:
     case Op::kScale:
     case Op::kSoftcap:
-    case Op::kArgmax: return f32_or_bf16;
-    default: return false;  // attention and MoE: issue 7
+    case Op::kArgmax:
+    case Op::kAttention:
+    case Op::kMoeRoute:
+    case Op::kMoeExperts: return f32_or_bf16;
+    default: return false;
   }
 }
 
@@ -320,9 +319,69 @@ void CudaBackend::argmax(const ArgmaxArgs& a) {
   if (activate()) record(launch_argmax(a, cuda_stream(current_)));
 }
 
-void CudaBackend::attention(const AttentionArgs&) { not_implemented("attention"); }
-void CudaBackend::moe_route(const MoeRouteArgs&) { not_implemented("moe_route"); }
-void CudaBackend::moe_experts(const MoeExpertsArgs&) { not_implemented("moe_experts"); }
+Scratch CudaBackend::scratch() const {
+  return {streams_[static_cast<size_t>(current_)].workspace, Gemm::kWorkspaceBytes, props_.multiProcessorCount};
+}
+
+void CudaBackend::attention(const AttentionArgs& a) {
+  expect_gpu(a.out, index_, "attention", "out");
+  expect_gpu(a.q, index_, "attention", "q");
+  expect_gpu(a.q_pos, index_, "attention", "q_pos");
+  expect_i32(a.q_pos, "attention", "q_pos");
+  const KvView& kv = a.kv;
+  TANDEM_CHECK_MSG(a.q.ndim == 3 && a.out.same_shape(a.q) && a.q_pos.numel() == a.q.shape[0] && a.window >= 0,
+                   "cuda attention: out %s, q %s, q_pos %s, window %lld", a.out.describe().c_str(),
+                   a.q.describe().c_str(), a.q_pos.describe().c_str(), static_cast<long long>(a.window));
+  for (const Tensor* t : {&kv.k, &kv.v}) {
+    expect_gpu(*t, index_, "attention", "kv storage", /*contiguous=*/false);
+    TANDEM_CHECK_MSG(t->ndim == 3 && t->shape[0] > 0 && a.q.shape[1] % t->shape[0] == 0 &&
+                         t->shape[2] == a.q.shape[2] && t->stride[2] == 1 && t->shape[0] == kv.k.shape[0] &&
+                         t->shape[1] == kv.k.shape[1],
+                     "cuda attention: storage %s for q %s", t->describe().c_str(), a.q.describe().c_str());
+  }
+  TANDEM_CHECK_MSG(kv.begin >= 0 && kv.begin <= kv.end &&
+                       (kv.ring ? kv.end - kv.begin <= kv.capacity() : kv.end <= kv.capacity()),
+                   "cuda attention: positions [%lld, %lld) in %s storage of capacity %lld",
+                   static_cast<long long>(kv.begin), static_cast<long long>(kv.end), kv.ring ? "ring" : "full",
+                   static_cast<long long>(kv.capacity()));
+  if (activate()) record(launch_attention(a, scratch(), cuda_stream(current_)));
+}
+
+void CudaBackend::moe_route(const MoeRouteArgs& a) {
+  expect_gpu(a.idx, index_, "moe_route", "idx");
+  expect_gpu(a.weights, index_, "moe_route", "weights");
+  expect_gpu(a.logits, index_, "moe_route", "logits");
+  expect_gpu(a.per_expert_scale, index_, "moe_route", "per_expert_scale");
+  expect_i32(a.idx, "moe_route", "idx");
+  const int64_t n_tok = a.logits.rows(), n_exp = a.logits.ndim ? a.logits.dim(-1) : 0;
+  TANDEM_CHECK_MSG(a.k >= 1 && a.k <= n_exp && a.per_expert_scale.numel() == n_exp &&
+                       a.idx.numel() == n_tok * a.k && a.weights.numel() == n_tok * a.k,
+                   "cuda moe_route: k %d, logits %s, per_expert_scale %s, idx %s, weights %s", a.k,
+                   a.logits.describe().c_str(), a.per_expert_scale.describe().c_str(), a.idx.describe().c_str(),
+                   a.weights.describe().c_str());
+  if (activate()) record(launch_moe_route(a, cuda_stream(current_)));
+}
+
+void CudaBackend::moe_experts(const MoeExpertsArgs& a) {
+  expect_gpu(a.out, index_, "moe_experts", "out");
+  expect_gpu(a.x, index_, "moe_experts", "x");
+  expect_gpu(a.gate_up, index_, "moe_experts", "gate_up");
+  expect_gpu(a.down, index_, "moe_experts", "down");
+  expect_gpu(a.idx, index_, "moe_experts", "idx");
+  expect_gpu(a.weights, index_, "moe_experts", "weights");
+  expect_i32(a.idx, "moe_experts", "idx");
+  TANDEM_CHECK_MSG(a.gate_up.ndim == 3 && a.down.ndim == 3 && a.gate_up.shape[1] % 2 == 0 &&
+                       a.down.shape[0] == a.gate_up.shape[0] && a.down.shape[1] == a.gate_up.shape[2] &&
+                       a.down.shape[2] == a.gate_up.shape[1] / 2,
+                   "cuda moe_experts: gate_up %s, down %s", a.gate_up.describe().c_str(), a.down.describe().c_str());
+  const int64_t n_tok = a.x.rows(), k = a.idx.ndim ? a.idx.dim(-1) : 0;
+  TANDEM_CHECK_MSG(a.x.ndim >= 1 && a.x.dim(-1) == a.gate_up.shape[2] && a.out.numel() == a.x.numel() &&
+                       (a.out.data != a.x.data || a.x.numel() == 0) && k >= 1 && a.idx.numel() == n_tok * k &&
+                       a.weights.numel() == n_tok * k,
+                   "cuda moe_experts: out %s, x %s, idx %s, weights %s", a.out.describe().c_str(),
+                   a.x.describe().c_str(), a.idx.describe().c_str(), a.weights.describe().c_str());
+  if (activate()) record(launch_moe_experts(a, scratch(), cuda_stream(current_)));
+}
 
 }  // namespace cuda
 

@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/kernels.h"
 
 namespace tandem::cuda {
 
@@ -73,7 +74,8 @@ class CudaBackend final : public Backend {
   bool activate();
   // Keeps the first failure until it is reported.
   void record(Status s);
-  void not_implemented(const char* op);
+  // The current stream's workspace and the SM count, for attention's split-K and the MoE intermediates.
+  [[nodiscard]] Scratch scratch() const;
   [[nodiscard]] bool valid_stream(StreamId id) const { return id >= 0 && id < static_cast<StreamId>(streams_.size()); }
 
   struct StreamState {

@@ -1,10 +1,12 @@
 // Host-side launchers of the CUDA kernels, one section per op-family file (design.md §1: gemm, attention,
 // norm_rope, elementwise, moe, sampling, kv). Each enqueues its work on `stream` and returns at once; the Status
 // reports a dtype the kernel does not handle (kUnsupported) or a launch failure. Shapes were checked by the
-// caller (cuda_backend.cc). Ops not listed here are not implemented on CUDA yet.
+// caller (cuda_backend.cc).
 #pragma once
 
 #include <cuda_runtime_api.h>
+
+#include <cstddef>
 
 #include "backend/ops.h"
 #include "core/status.h"
@@ -30,6 +32,21 @@ Status launch_argmax(const ArgmaxArgs& a, cudaStream_t stream);
 
 // kv.cu
 Status launch_kv_write(const KvWriteArgs& a, cudaStream_t stream);
+
+// Device scratch an op may use while it runs: the current stream's workspace (shared with cuBLASLt, which is safe
+// because ops on one stream run in order), and the SM count for launch geometry.
+struct Scratch {
+  void* data = nullptr;
+  size_t bytes = 0;
+  int sm_count = 0;
+};
+
+// attention.cu (split-K partial states go to the scratch when a few rows face a long context)
+Status launch_attention(const AttentionArgs& a, const Scratch& scratch, cudaStream_t stream);
+
+// moe.cu (moe_experts keeps its [tokens, k, d_ff] intermediate in the scratch, token chunks if it must)
+Status launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
+Status launch_moe_experts(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream_t stream);
 
 // gemm.cu: the plain kernel behind linear() for what cuBLASLt cannot take (odd sizes, f32 operands);
 // the cuBLASLt path lives in class Gemm (gemm.h).
