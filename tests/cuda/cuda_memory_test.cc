@@ -132,14 +132,20 @@ TEST_F(CudaMemory, BadCopyArgumentsAreStatuses) {
 }
 
 TEST_F(CudaMemory, UnsupportedOpsAreRecordedOnceNotFatal) {
-  be().attention({});
-  be().moe_route({});  // only the first failure is kept
+  // f16 activations reach no attention / MoE kernel: each call records kUnsupported instead of aborting.
+  DeviceTensor q(be(), DType::kF16, {1, 2, 16}), kv(be(), DType::kF16, {1, 4, 16}), pos(be(), DType::kI32, {1});
+  DeviceTensor logits(be(), DType::kF16, {1, 4}), pes(be(), DType::kF16, {4});
+  DeviceTensor idx(be(), DType::kI32, {1, 2}), w(be(), DType::kF32, {1, 2});
+  DeviceTensor gate_up(be(), DType::kF16, {4, 8, 16}), down(be(), DType::kF16, {4, 16, 4});
+  DeviceTensor x(be(), DType::kF16, {1, 16}), y(be(), DType::kF16, {1, 16});
+  be().attention({.out = q, .q = q, .kv = {.k = kv, .v = kv, .begin = 0, .end = 1}, .q_pos = pos});
+  be().moe_route({.idx = idx, .weights = w, .logits = logits, .per_expert_scale = pes, .k = 2});  // only the first is kept
   Status st = be().last_error();
   EXPECT_EQ(st.code(), StatusCode::kUnsupported);
   EXPECT_NE(st.message().find("attention"), std::string::npos) << st.to_string();
   EXPECT_TRUE(be().last_error().ok());
   // synchronize() reports a recorded failure too, once.
-  be().moe_experts({});
+  be().moe_experts({.out = y, .x = x, .gate_up = gate_up, .down = down, .idx = idx, .weights = w});
   st = be().synchronize();
   EXPECT_EQ(st.code(), StatusCode::kUnsupported);
   EXPECT_NE(st.message().find("moe_experts"), std::string::npos) << st.to_string();
