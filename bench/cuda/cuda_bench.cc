@@ -1,9 +1,11 @@
 // CUDA op lab (design.md §2, llm.c style): measures the device-to-device copy bandwidth as the floor, then times
 // linear() at Gemma 4 31B's MLP shape [T, 5376] x [21504, 5376]^T bf16 (decode GEMV and verify/prefill sizes) and
-// rms_norm, printing achieved GB/s (TFLOP/s for the large GEMM) and the ratio to the floor measured in this run.
+// rms_norm, then attention (31B full/sliding decode and verify) and MoE (26B-A4B routing + experts), printing
+// achieved GB/s (TFLOP/s for the large GEMM) and the ratio to the floor measured in this run.
 // Usage: cuda_bench [--quick]. Exits 0 with a message when there is no GPU, 1 on any device error.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -44,6 +46,84 @@ bool fill_bf16(CudaBackend& be, const Buffer& dst, size_t n) {
     h[i] = f32_to_bf16(static_cast<float>(s >> 8) / static_cast<float>(1u << 23) - 1.f);
   }
   return be.copy(dst.data(), h.data(), n * 2, CopyKind::kHostToDevice).ok() && be.synchronize().ok();
+}
+
+// One printed row: `bytes` is what the op must read/write at least; the floor ratio compares against the copy.
+void report(const char* label, double ms, double bytes, double copy_gbs) {
+  std::printf("%-44s %10.3f %10.0f %10s %12.2f\n", label, ms, bytes / (ms * 1e6), "-", ms / (bytes / (copy_gbs * 1e6)));
+}
+
+// attention() at Gemma 4 31B's shapes: the full layer (32 query heads on 4 KV heads, head_dim 512) over a long
+// context for decode (1 query, split-K) and verify (4 queries), and the sliding layer (16 KV heads, head_dim 256,
+// window 1024 over a ring) for decode. The bytes are the K/V rows the queries see, read once.
+bool bench_attention(CudaBackend& be, int iters, double copy_gbs) {
+  struct Shape {
+    const char* label;
+    int64_t n_tok, n_heads, n_kv, head_dim, context, capacity, window;
+    bool ring;
+  };
+  const Shape shapes[] = {
+      {"attention full decode ctx 32768 (31B)", 1, 32, 4, 512, 32768, 32768, 0, false},
+      {"attention full verify 4 tok ctx 32768 (31B)", 4, 32, 4, 512, 32768, 32768, 0, false},
+      {"attention full decode ctx 4096 (31B)", 1, 32, 4, 512, 4096, 4096, 0, false},
+      {"attention sliding decode W 1024 (31B)", 1, 32, 16, 256, 32768, 1024 + 1 + 256, 1024, true},
+  };
+  for (const Shape& sh : shapes) {
+    const size_t kv_elems = static_cast<size_t>(sh.n_kv * sh.capacity * sh.head_dim);
+    const size_t q_elems = static_cast<size_t>(sh.n_tok * sh.n_heads * sh.head_dim);
+    Buffer k = be.alloc(kv_elems * 2).value(), v = be.alloc(kv_elems * 2).value();
+    Buffer q = be.alloc(q_elems * 2).value(), out = be.alloc(q_elems * 2).value();
+    Buffer pos = be.alloc(static_cast<size_t>(sh.n_tok) * sizeof(int32_t)).value();
+    if (!fill_bf16(be, k, kv_elems) || !fill_bf16(be, v, kv_elems) || !fill_bf16(be, q, q_elems)) return false;
+    std::vector<int32_t> hpos(static_cast<size_t>(sh.n_tok));
+    for (int64_t t = 0; t < sh.n_tok; ++t) hpos[static_cast<size_t>(t)] = static_cast<int32_t>(sh.context - sh.n_tok + t);
+    if (!be.copy(pos.data(), hpos.data(), hpos.size() * sizeof(int32_t), CopyKind::kHostToDevice).ok()) return false;
+    const KvView kv{.k = k.view(DType::kBF16, {sh.n_kv, sh.capacity, sh.head_dim}),
+                    .v = v.view(DType::kBF16, {sh.n_kv, sh.capacity, sh.head_dim}),
+                    .begin = sh.ring ? sh.context - sh.capacity : 0, .end = sh.context, .ring = sh.ring};
+    const AttentionArgs args{.out = out.view(DType::kBF16, {sh.n_tok, sh.n_heads, sh.head_dim}),
+                             .q = q.view(DType::kBF16, {sh.n_tok, sh.n_heads, sh.head_dim}), .kv = kv,
+                             .q_pos = pos.view(DType::kI32, {sh.n_tok}), .window = sh.window};
+    const double ms = time_ms(be, 3, iters, [&] { be.attention(args); });
+    const int64_t keys = sh.window > 0 ? std::min(sh.window, sh.context) : sh.context;
+    report(sh.label, ms, 2.0 * 2.0 * static_cast<double>(sh.n_kv * keys * sh.head_dim), copy_gbs);
+  }
+  return be.synchronize().ok();
+}
+
+// moe_route + moe_experts at Gemma 4 26B-A4B's shapes (128 experts, top-8, d_model 2816, expert d_ff 704) for 1 and
+// 4 tokens. The bytes are the selected experts' weights (each distinct expert once) plus activations.
+bool bench_moe(CudaBackend& be, int iters, double copy_gbs) {
+  const int64_t n_exp = 128, k = 8, d_model = 2816, d_ff = 704, max_tok = 4;
+  const size_t gu_elems = static_cast<size_t>(n_exp * 2 * d_ff * d_model), dn_elems = static_cast<size_t>(n_exp * d_model * d_ff);
+  Buffer gu = be.alloc(gu_elems * 2).value(), dn = be.alloc(dn_elems * 2).value();
+  Buffer x = be.alloc(static_cast<size_t>(max_tok * d_model) * 2).value(), out = be.alloc(static_cast<size_t>(max_tok * d_model) * 2).value();
+  Buffer logits = be.alloc(static_cast<size_t>(max_tok * n_exp) * 2).value(), pes = be.alloc(static_cast<size_t>(n_exp) * 2).value();
+  Buffer idx = be.alloc(static_cast<size_t>(max_tok * k) * 4).value(), w = be.alloc(static_cast<size_t>(max_tok * k) * 4).value();
+  if (!fill_bf16(be, gu, gu_elems) || !fill_bf16(be, dn, dn_elems) || !fill_bf16(be, x, static_cast<size_t>(max_tok * d_model)) ||
+      !fill_bf16(be, logits, static_cast<size_t>(max_tok * n_exp)) || !fill_bf16(be, pes, static_cast<size_t>(n_exp)))
+    return false;
+  for (int64_t n_tok : {int64_t{1}, max_tok}) {
+    const MoeRouteArgs route{.idx = idx.view(DType::kI32, {n_tok, k}), .weights = w.view(DType::kF32, {n_tok, k}),
+                             .logits = logits.view(DType::kBF16, {n_tok, n_exp}),
+                             .per_expert_scale = pes.view(DType::kBF16, {n_exp}), .k = static_cast<int>(k)};
+    const MoeExpertsArgs experts{.out = out.view(DType::kBF16, {n_tok, d_model}), .x = x.view(DType::kBF16, {n_tok, d_model}),
+                                 .gate_up = gu.view(DType::kBF16, {n_exp, 2 * d_ff, d_model}),
+                                 .down = dn.view(DType::kBF16, {n_exp, d_model, d_ff}), .idx = route.idx, .weights = route.weights};
+    be.moe_route(route);
+    std::vector<int32_t> hidx(static_cast<size_t>(n_tok * k));
+    if (!be.copy(hidx.data(), idx.data(), hidx.size() * 4, CopyKind::kDeviceToHost).ok() || !be.synchronize().ok()) return false;
+    std::sort(hidx.begin(), hidx.end());
+    const auto distinct = static_cast<double>(std::unique(hidx.begin(), hidx.end()) - hidx.begin());
+    const double ms = time_ms(be, 3, iters, [&] {
+      be.moe_route(route);
+      be.moe_experts(experts);
+    });
+    char label[96];
+    std::snprintf(label, sizeof label, "moe route+experts %lld tok (26B, %.0f experts)", static_cast<long long>(n_tok), distinct);
+    report(label, ms, distinct * 3.0 * static_cast<double>(d_ff * d_model) * 2.0, copy_gbs);
+  }
+  return be.synchronize().ok();
 }
 
 int run(bool quick) {
@@ -108,6 +188,14 @@ int run(bool quick) {
   const double nbytes = 2.0 * 2.0 * static_cast<double>(rows * dim);
   std::printf("%-44s %10.3f %10.0f %10s %12.2f\n", "rms_norm [4096,5376] bf16", nms, nbytes / (nms * 1e6), "-",
               nms / (nbytes / (copy_gbs * 1e6)));
+
+  nx.reset();
+  ny.reset();
+  if (!bench_attention(be, iters, copy_gbs) || !bench_moe(be, iters, copy_gbs)) {
+    const Status err = be.synchronize();
+    std::printf("cuda_bench: attention/moe failed: %s\n", err.ok() ? "setup" : err.to_string().c_str());
+    return 1;
+  }
 
   const Status st = be.synchronize();
   if (!st.ok()) {
