@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "core/strings.h"
 #include "cuda/bf16_host_backend.h"
 #include "model/assistant.h"
 #include "spec/generator.h"
@@ -22,21 +23,25 @@ namespace tandem::testing {
 namespace {
 
 // Tolerances. The fixtures are tiny random models whose bf16 errors are large and chaotic at some positions: HF's own
-// bf16 run is off its float32 run by a per-position relative L2 of median 0.038 / 0.041 / 0.011 (e2b / 26b / 31b)
-// and at worst 0.59 / 0.25 / 0.019, and picks another argmax at 4 / 2 / 0 positions (the e2b flip at position 40
-// has a float32 top-2 gap of 0.96). A per-position bound like 3e-2 would fail HF bf16 itself, so the bounds are
-// relative to HF bf16's own numbers, and were checked on the bf16 host engine (medians 0.041 / 0.030 / 0.011,
-// worst 0.28 / 0.29 / 0.017, 3 / 3 / 0 argmax flips) and against injected bugs: an attention window off by one
-// in either direction raises the median 3-10x (0.29-0.36 on e2b / 26b, 0.029-0.041 on 31b).
-//  - median per-position error vs float32 <= 2x HF bf16's median;
-//  - worst position <= max(2x HF bf16's worst, 0.1) (a garbage row has ~1);
-//  - argmax equal to float32's at >= 7/8 of the positions.
-constexpr double kMedianFactor = 2.0, kMaxFactor = 2.0, kMaxFloor = 0.1;
-// The drafter fed the reference's K/V and g0 is well conditioned: 0.005 / 0.009 / 0.016 worst rel-L2 on the bf16
-// host engine over the first round; a window off by one gives 0.025-0.76. 0.05 = 3x the worst clean value.
-constexpr double kDrafterMax = 0.05;
+// bf16 run is off its float32 run by a per-position relative L2 of median 0.038 / 0.041 / 0.011 (e2b / 26b / 31b),
+// 7/8-quantile 0.066 / 0.063 / 0.014 and at worst 0.59 / 0.25 / 0.019, and picks another argmax at 4 / 2 / 0
+// positions (the e2b flip at position 40 has a float32 top-2 gap of 0.96). A per-position bound like 3e-2 would
+// fail HF bf16 itself, so the bounds are relative to HF bf16's own numbers. Calibration on the bf16 host engine:
+// median 0.041 / 0.030 / 0.011 and 7/8-quantile 0.078 / 0.067 / 0.014 (0.7-1.2x HF), worst 0.28 / 0.29 / 0.017,
+// 3 / 3 / 0 argmax flips; with an extra random 1-ulp error after every op (an engine twice as noisy) the ratios
+// reach 2-3.7x; an attention window off by one in either direction gives 7-10x on e2b / 26b (2.6-3.7x on 31b).
+//  - median and 7/8-quantile of the per-position error vs float32 <= 3x HF bf16's; median distance to HF bf16's
+//    logits <= 3x HF bf16's median distance to float32 (host engine: 1.0-1.2x);
+//  - worst position <= 1.0 (HF bf16's own worst is 0.59; a garbage row gives ~1 or more);
+//  - argmax equal to float32's at >= 3/4 of the positions.
+constexpr double kErrorFactor = 3.0, kWorstRow = 1.0;
+// The drafter fed the reference's K/V and g0 is better conditioned: worst rel-L2 over the first round 0.009 / 0.009 /
+// 0.016 on the bf16 host engine, up to 0.057 with the extra per-op noise; a window off by one gives 0.27-0.76 on
+// e2b / 31b (0.025-0.06 on 26b, whose op-level attention tests catch it). The centroid head (e2b) is compared on
+// the tokens both sides scored, one swapped cluster per step allowed (a near-tied cluster score flips under noise).
+constexpr double kDrafterMax = 0.08;
 // A drafted token must equal the reference's where the float32 top-2 logits are further apart than this (the
-// drafter's logit errors are ~0.01 x their rms of a few units).
+// drafter's logit errors are ~0.01-0.05 x their rms of a few units).
 constexpr float kClearGap = 0.25f;
 
 enum class Engine { kCuda, kBf16Host };
@@ -128,10 +133,13 @@ float bf16_ulp(float v) {
   return std::ldexp(1.f, std::ilogb(a) - 7);
 }
 
-double median(std::vector<double> v) {
+// The q-quantile of v (the element at index floor(q * n) of the sorted values).
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
+  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
 }
+double median(const std::vector<double>& v) { return quantile(v, 0.5); }
 
 struct Fixture {
   const char* target;     // tests/fixtures/models/<target>, refs in tests/fixtures/refs/<target>
@@ -232,17 +240,20 @@ TEST_P(CudaModel, LogitsMatchTransformers) {
     agree += argmax_of(g, V) == want;
     hf_agree += argmax_of(h, V) == want;
   }
-  const double max_ours = *std::max_element(ours_f32.begin(), ours_f32.end());
-  const double max_hf = *std::max_element(hf16_f32.begin(), hf16_f32.end());
-  std::printf("[bf16 logits] %s: rel-L2 vs float32 median %.4f max %.4f | HF bf16 vs float32 median %.4f max %.4f | "
-              "vs HF bf16 median %.4f | argmax = float32's at %lld/%lld (HF bf16 %lld/%lld)\n",
-              label().c_str(), median(ours_f32), max_ours, median(hf16_f32), max_hf, median(ours_hf16),
-              static_cast<long long>(agree), static_cast<long long>(T), static_cast<long long>(hf_agree),
-              static_cast<long long>(T));
-  EXPECT_LE(median(ours_f32), kMedianFactor * median(hf16_f32))
+  const double max_ours = quantile(ours_f32, 1.0), max_hf = quantile(hf16_f32, 1.0);
+  std::printf("[bf16 logits] %s: rel-L2 vs float32 median %.4f q7/8 %.4f max %.4f | HF bf16 vs float32 median %.4f "
+              "q7/8 %.4f max %.4f | vs HF bf16 median %.4f | argmax = float32's at %lld/%lld (HF bf16 %lld/%lld)\n",
+              label().c_str(), median(ours_f32), quantile(ours_f32, 0.875), max_ours, median(hf16_f32),
+              quantile(hf16_f32, 0.875), max_hf, median(ours_hf16), static_cast<long long>(agree),
+              static_cast<long long>(T), static_cast<long long>(hf_agree), static_cast<long long>(T));
+  EXPECT_LE(median(ours_f32), kErrorFactor * median(hf16_f32))
       << "typical per-position error against float32, relative to HF bf16's own";
-  EXPECT_LE(max_ours, std::max(kMaxFactor * max_hf, kMaxFloor)) << "worst position against float32";
-  EXPECT_GE(agree, T - T / 8) << "argmax must agree with float32 at >= 7/8 of the positions";
+  EXPECT_LE(quantile(ours_f32, 0.875), kErrorFactor * quantile(hf16_f32, 0.875))
+      << "7/8 of the positions against float32, relative to HF bf16's own";
+  EXPECT_LE(median(ours_hf16), kErrorFactor * median(hf16_f32))
+      << "distance to HF's bf16 run, relative to that run's own distance to float32";
+  EXPECT_LE(max_ours, kWorstRow) << "worst position against float32";
+  EXPECT_GE(agree, T - T / 4) << "argmax must agree with float32 at >= 3/4 of the positions";
 }
 
 TEST_P(CudaModel, DrafterFirstRoundMatchesTransformers) {
@@ -302,7 +313,7 @@ TEST_P(CudaModel, DrafterFirstRoundMatchesTransformers) {
   const Tensor g0 = upload(std::vector<float>(ref_g0.f32(), ref_g0.f32() + Ht), {1, Ht});
   int32_t t = step["bonus"].get<int32_t>();
   const std::vector<int32_t> draft = ids_of(step["draft"]);
-  double worst = 0;
+  double worst = 0, min_overlap = 2;
   for (size_t i = 0; i < draft.size(); ++i) {
     SCOPED_TRACE("draft step " + std::to_string(i + 1));
     DraftStepResult r;
@@ -310,17 +321,44 @@ TEST_P(CudaModel, DrafterFirstRoundMatchesTransformers) {
         {.cache = &*cache, .kv_end = P, .q_pos = P, .token = t, .g_in = i == 0 ? &g0 : nullptr, .full_logits = true},
         &r);
     ASSERT_TRUE(st.ok()) << st.to_string();
-    const std::vector<float> got = to_host(*be_, r.logits);
-    const float* want = ref_logits.f32() + static_cast<int64_t>(i) * V;
-    worst = std::max(worst, rel_l2(got.data(), want, static_cast<size_t>(V)));
-    const auto [a, b] = top2(want, V);
-    if (a - b > kClearGap) {
+    std::vector<float> got = to_host(*be_, r.logits);
+    std::vector<float> want(ref_logits.f32() + static_cast<int64_t>(i) * V, ref_logits.f32() + (i + 1) * V);
+    ASSERT_EQ(static_cast<int64_t>(got.size()), V);
+    bool compare_argmax = true;
+    if (drafter_->head_kind() == DraftHeadKind::kCentroid) {
+      // Only the tokens of the top-k clusters are scored, the rest hold the fill min(scored) - 1. A cluster whose
+      // score is a bf16 near-tie may be swapped for another: compare the tokens both sides scored, and allow one
+      // swapped cluster per step.
+      const float got_fill = *std::min_element(got.begin(), got.end());
+      const float want_fill = *std::min_element(want.begin(), want.end());
+      std::vector<float> g_both, w_both;
+      int64_t n_want = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        const auto u = static_cast<size_t>(v);
+        n_want += want[u] > want_fill;
+        if (want[u] > want_fill && got[u] > got_fill) {
+          g_both.push_back(got[u]);
+          w_both.push_back(want[u]);
+        }
+      }
+      const AssistantConfig& ac = *drafter_->config().assistant;
+      const int64_t per_cluster = V / ac.n_centroids;
+      EXPECT_GE(static_cast<int64_t>(w_both.size()), n_want - per_cluster) << "more than one cluster swapped";
+      min_overlap = std::min(min_overlap, static_cast<double>(w_both.size()) / static_cast<double>(n_want));
+      compare_argmax = got[static_cast<size_t>(draft[i])] > got_fill;  // the reference's pick was scored here too
+      got = std::move(g_both);
+      want = std::move(w_both);
+    }
+    worst = std::max(worst, rel_l2(got.data(), want.data(), got.size()));
+    const auto [a, b] = top2(want.data(), static_cast<int64_t>(want.size()));
+    if (a - b > kClearGap && compare_argmax) {
       EXPECT_EQ(r.argmax, draft[i]) << "float32 top-2 gap " << a - b;
     }
     t = draft[i];
   }
-  std::printf("[bf16 drafter] %s: first-round drafter logits, worst rel-L2 vs float32 %.4f over %zu steps\n",
-              label().c_str(), worst, draft.size());
+  std::printf("[bf16 drafter] %s: first-round drafter logits, worst rel-L2 vs float32 %.4f over %zu steps%s\n",
+              label().c_str(), worst, draft.size(),
+              min_overlap < 2 ? strfmt(" (centroid head: >= %.0f%% of the scored tokens in common)", 100 * min_overlap).c_str() : "");
   EXPECT_LE(worst, kDrafterMax);
 }
 
