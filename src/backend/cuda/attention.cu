@@ -20,7 +20,8 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kWarps = 4;               // warps per block, each over its own keys
 constexpr int kMaxHeadDim = 512;        // Gemma 4's full-attention head dim
-constexpr int64_t kKeysPerSplit = 256;  // fewest keys one split-K block handles
+constexpr int64_t kKeysPerSplit = 128;  // fewest keys one split-K block handles (32 per warp)
+constexpr int kBlocksPerSm = 8;         // split-K aims at this many blocks per SM, enough to hide load latency
 
 struct AttnParams {
   void* out;                   // [n_tok, n_heads, head_dim]
@@ -207,9 +208,9 @@ Status launch_dim(const AttnParams& p, int64_t rows, cudaStream_t stream) {
   return launch_typed<TQ, TKV, 8>(p, rows, stream);
 }
 
-// Split-K only when the rows alone cannot fill the GPU (about two blocks per SM) and the context is long.
+// Split-K only when the rows alone cannot fill the GPU and the context is long.
 int choose_splits(int64_t rows, int64_t max_keys, int64_t head_dim, const Scratch& scratch) {
-  const int64_t want_blocks = 2 * static_cast<int64_t>(std::max(scratch.sm_count, 1));
+  const int64_t want_blocks = kBlocksPerSm * static_cast<int64_t>(std::max(scratch.sm_count, 1));
   if (rows >= want_blocks || max_keys < 2 * kKeysPerSplit || scratch.data == nullptr) return 1;
   int64_t splits = std::min((want_blocks + rows - 1) / rows, max_keys / kKeysPerSplit);
   const int64_t per_split_bytes = rows * (head_dim + 2) * static_cast<int64_t>(sizeof(float));
