@@ -2,6 +2,7 @@
 #include "cuda/bf16_host_backend.h"
 
 #include <cstring>
+#include <memory>
 
 #include "kernels/ref/ref.h"
 

@@ -4,7 +4,9 @@
 // are poisoned (NaN) and so are the storage slots outside [begin, end): a kernel reading them fails.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <random>
 #include <vector>

@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <limits>
-#include <numeric>
 #include <random>
+#include <vector>
 
 #include "core/strings.h"
 #include "cuda/cuda_fixture.h"
