@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <ostream>
 #include <span>
 #include <string>
 #include <tuple>
@@ -150,6 +151,10 @@ struct Fixture {
   const char* target;     // tests/fixtures/models/<target>, refs in tests/fixtures/refs/<target>
   const char* assistant;  // tests/fixtures/models/<assistant>
 };
+
+// Readable test parameters in gtest / ctest listings.
+void PrintTo(const Fixture& f, std::ostream* os) { *os << f.target << " + " << f.assistant; }
+void PrintTo(Engine e, std::ostream* os) { *os << engine_name(e); }
 
 using Param = std::tuple<Engine, Fixture>;
 
