@@ -11,4 +11,4 @@ echo "== tandem info (demo target)"
 echo
 echo "== tandem generate: speculative decoding with the assistant drafter (greedy, K=3), compared with plain decoding"
 "./$build/tandem" generate --model models/demo/target --draft models/demo/assistant \
-  --prompt "$prompt" --max-tokens 160 --draft-tokens 3 --compare --repeat 3
+  --prompt "$prompt" --max-tokens 160 --draft-tokens 3 --compare --repeat 5
