@@ -1,7 +1,9 @@
 // CUDA attention parity against ref::attention (spec §1.6, ops.h AttentionArgs): GQA, full storage with begin > 0,
 // wrapped rings with stale slots, sliding and drafter windows, non-causal, queries with no visible key, head dims
-// 20..512, strided storage, out aliasing q, and long single-token contexts that take the split-K path. Outputs
-// are poisoned (NaN) and so are the storage slots outside [begin, end): a kernel reading them fails.
+// 20..512, strided storage, out aliasing q, and long contexts that take the split-K paths of both kernels (the
+// general one and the bf16 decode kernel: 1..16 tokens, GQA groups up to 8, several row chunks). The range end read
+// on the device (kv_end), also from a CUDA graph captured at one length and replayed at others. Outputs are
+// poisoned (NaN) and so are the storage slots outside [begin, end): a kernel reading them fails.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -40,69 +42,94 @@ struct AttnCase {
   std::vector<int32_t> q_pos = {};  // empty: the last n_tok positions, end - n_tok .. end - 1
   bool strided = false;             // storage rows padded: stride[0] > capacity * head_dim
   bool alias = false;               // out is q
+  bool device_end = false;          // end passed as kv_end (a device i32; a ring's begin must be max(0, end - cap))
+  int64_t host_end = -1;            // kv.end with device_end (-1: end); another value only sizes the launch
 };
 
-// Whether storage slot s holds a position of [begin, end).
-bool slot_valid(const AttnCase& c, int64_t s) {
-  for (int64_t p = c.begin; p < c.end; ++p)
-    if ((c.ring ? p % c.capacity : p) == s) return true;
-  return false;
+std::string describe(const AttnCase& c, DType act, DType kv_dt) {
+  return strfmt("%s: q %s kv %s, %lld tok, %lld/%lld heads, head_dim %lld, [%lld, %lld) cap %lld%s, window %lld%s",
+                c.name, dtype_name(act), dtype_name(kv_dt), static_cast<long long>(c.n_tok),
+                static_cast<long long>(c.n_heads), static_cast<long long>(c.n_kv),
+                static_cast<long long>(c.head_dim), static_cast<long long>(c.begin), static_cast<long long>(c.end),
+                static_cast<long long>(c.capacity), c.ring ? " ring" : "", static_cast<long long>(c.window),
+                c.device_end ? ", device kv_end" : "");
 }
 
-void run_case(cuda::CudaBackend& be, const AttnCase& c, DType act, DType kv_dt, uint32_t seed) {
-  SCOPED_TRACE(strfmt("%s: q %s kv %s, %lld tok, %lld/%lld heads, head_dim %lld, [%lld, %lld) cap %lld%s, window "
-                      "%lld",
-                      c.name, dtype_name(act), dtype_name(kv_dt), static_cast<long long>(c.n_tok),
-                      static_cast<long long>(c.n_heads), static_cast<long long>(c.n_kv),
-                      static_cast<long long>(c.head_dim), static_cast<long long>(c.begin),
-                      static_cast<long long>(c.end), static_cast<long long>(c.capacity), c.ring ? " ring" : "",
-                      static_cast<long long>(c.window)));
-  const int64_t pad = c.strided ? 3 : 0, hd = c.head_dim;
-  DeviceTensor k(be, kv_dt, {c.n_kv, c.capacity + pad, hd}), v(be, kv_dt, {c.n_kv, c.capacity + pad, hd});
-  DeviceTensor q(be, act, {c.n_tok, c.n_heads, hd}), out(be, act, {c.n_tok, c.n_heads, hd});
-  DeviceTensor pos(be, kI32, {c.n_tok});
-  fill_random(k.host(), seed);
-  fill_random(v.host(), seed + 1);
-  fill_random(q.host(), seed + 2);
+// Random K/V in the slots of [begin, end); NaN in every other slot and in the padding rows.
+void fill_kv(const AttnCase& c, HostTensor& k, HostTensor& v, uint32_t seed) {
+  const int64_t rows = c.capacity + (c.strided ? 3 : 0), hd = c.head_dim;
+  fill_random(k, seed);
+  fill_random(v, seed + 1);
+  std::vector<bool> valid(static_cast<size_t>(rows), false);
+  for (int64_t pos = c.begin; pos < c.end; ++pos) valid[static_cast<size_t>(c.ring ? pos % c.capacity : pos)] = true;
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (int64_t h = 0; h < c.n_kv; ++h)
-    for (int64_t s = 0; s < c.capacity + pad; ++s)
-      if (s >= c.capacity || !slot_valid(c, s))
+    for (int64_t s = 0; s < rows; ++s)
+      if (!valid[static_cast<size_t>(s)])
         for (int64_t d = 0; d < hd; ++d) {
-          k.host().set((h * (c.capacity + pad) + s) * hd + d, nan);
-          v.host().set((h * (c.capacity + pad) + s) * hd + d, nan);
+          k.set((h * rows + s) * hd + d, nan);
+          v.set((h * rows + s) * hd + d, nan);
         }
-  for (int64_t t = 0; t < c.n_tok; ++t)
-    pos.host().seti(t, c.q_pos.empty() ? static_cast<int32_t>(c.end - c.n_tok + t) : c.q_pos[static_cast<size_t>(t)]);
-  for (DeviceTensor* t : {&k, &v, &q, &pos}) t->upload();
-  out.poison();
+}
 
-  // Views of `capacity` slots over the (possibly padded) storage, on host and device.
-  auto view = [&](const Tensor& storage) {
-    Tensor t = storage;
-    t.shape[1] = c.capacity;
-    return t;
-  };
-  HostTensor want(act, {c.n_tok, c.n_heads, hd});
-  ref::attention({.out = want, .q = q.host(), .kv = {.k = view(k.host().t()), .v = view(v.host().t()), .begin = c.begin,
-                                                      .end = c.end, .ring = c.ring},
-                  .q_pos = pos.host(), .window = c.window, .causal = c.causal, .scale = c.scale});
-  const Tensor& dst = c.alias ? q.t() : out.t();
-  be.attention({.out = dst, .q = q, .kv = {.k = view(k.t()), .v = view(v.t()), .begin = c.begin, .end = c.end,
-                                           .ring = c.ring},
-                .q_pos = pos, .window = c.window, .causal = c.causal, .scale = c.scale});
-  DeviceTensor& got = c.alias ? q : out;
-  got.download();
-  expect_close(got.host(), want, act == kF32 ? kAttnF32 : tolerance_for(act));
-  // A query that sees no key gets an exact zero row (ops.h), not NaN and not an average.
+void fill_positions(const AttnCase& c, HostTensor& pos) {
+  for (int64_t t = 0; t < c.n_tok; ++t)
+    pos.seti(t, c.q_pos.empty() ? static_cast<int32_t>(c.end - c.n_tok + t) : c.q_pos[static_cast<size_t>(t)]);
+}
+
+// A view of `capacity` slots over the (possibly padded) storage.
+Tensor slots_view(const AttnCase& c, const Tensor& storage) {
+  Tensor t = storage;
+  t.shape[1] = c.capacity;
+  return t;
+}
+
+HostTensor reference(const AttnCase& c, DType act, const HostTensor& q, const HostTensor& k, const HostTensor& v,
+                     const HostTensor& pos) {
+  HostTensor want(act, {c.n_tok, c.n_heads, c.head_dim});
+  ref::attention({.out = want, .q = q, .kv = {.k = slots_view(c, k.t()), .v = slots_view(c, v.t()), .begin = c.begin,
+                                              .end = c.end, .ring = c.ring},
+                  .q_pos = pos, .window = c.window, .causal = c.causal, .scale = c.scale});
+  return want;
+}
+
+// got (downloaded) against the reference, and a query that sees no key has an exact zero row (ops.h), not NaN and
+// not an average.
+void check_output(const AttnCase& c, DType act, const HostTensor& got, const HostTensor& want, const HostTensor& pos) {
+  expect_close(got, want, act == kF32 ? kAttnF32 : tolerance_for(act));
   for (int64_t t = 0; t < c.n_tok; ++t) {
-    const int64_t qp = pos.host().geti(t);
+    const int64_t qp = pos.geti(t);
     int64_t lo = c.begin, hi = c.end;
     if (c.causal) hi = std::min(hi, qp + 1);
     if (c.window > 0) lo = std::max(lo, qp - c.window + 1);
     if (lo < hi) continue;
-    for (int64_t i = 0; i < c.n_heads * hd; ++i) ASSERT_EQ(got.host().get(t * c.n_heads * hd + i), 0.f) << t;
+    for (int64_t i = 0; i < c.n_heads * c.head_dim; ++i) ASSERT_EQ(got.get(t * c.n_heads * c.head_dim + i), 0.f) << t;
   }
+}
+
+void run_case(cuda::CudaBackend& be, const AttnCase& c, DType act, DType kv_dt, uint32_t seed) {
+  SCOPED_TRACE(describe(c, act, kv_dt));
+  const int64_t pad = c.strided ? 3 : 0, hd = c.head_dim;
+  DeviceTensor k(be, kv_dt, {c.n_kv, c.capacity + pad, hd}), v(be, kv_dt, {c.n_kv, c.capacity + pad, hd});
+  DeviceTensor q(be, act, {c.n_tok, c.n_heads, hd}), out(be, act, {c.n_tok, c.n_heads, hd});
+  DeviceTensor pos(be, kI32, {c.n_tok}), end(be, kI32, {1});
+  fill_kv(c, k.host(), v.host(), seed);
+  fill_random(q.host(), seed + 2);
+  fill_positions(c, pos.host());
+  end.host().seti(0, static_cast<int32_t>(c.end));
+  for (DeviceTensor* t : {&k, &v, &q, &pos, &end}) t->upload();
+  out.poison();
+
+  const HostTensor want = reference(c, act, q.host(), k.host(), v.host(), pos.host());
+  const Tensor& dst = c.alias ? q.t() : out.t();
+  be.attention({.out = dst, .q = q, .kv = {.k = slots_view(c, k.t()), .v = slots_view(c, v.t()), .begin = c.begin,
+                                           .end = c.device_end && c.host_end >= 0 ? c.host_end : c.end,
+                                           .ring = c.ring},
+                .q_pos = pos, .kv_end = c.device_end ? end.t() : Tensor{}, .window = c.window, .causal = c.causal,
+                .scale = c.scale});
+  DeviceTensor& got = c.alias ? q : out;
+  got.download();
+  check_output(c, act, got.host(), want, pos.host());
 }
 
 const std::vector<AttnCase>& cases() {
@@ -139,6 +166,33 @@ const std::vector<AttnCase>& cases() {
        .begin = 100, .end = 2000, .ring = false, .window = 0, .q_pos = {50, 1999, 150}},
       {.name = "split-K small window", .n_tok = 1, .n_heads = 2, .n_kv = 2, .head_dim = 20, .capacity = 2048,
        .begin = 0, .end = 2000, .ring = false, .window = 3},
+      // The decode kernel's shapes (bf16): 31B full layers (GQA 8, head_dim 512) for decode and a 9-token verify
+      // (72 rows: two row chunks), 16 tokens (four chunks), a verify over a wrapped sliding ring, queries before
+      // begin / with short ranges, and queries far apart (gaps in the union of their ranges).
+      {.name = "gqa8 hd512 decode split-K", .n_tok = 1, .n_heads = 16, .n_kv = 2, .head_dim = 512,
+       .capacity = 4096, .begin = 0, .end = 3001, .ring = false, .scale = 0.05f},
+      {.name = "gqa8 hd512 verify 9", .n_tok = 9, .n_heads = 16, .n_kv = 2, .head_dim = 512, .capacity = 2600,
+       .begin = 0, .end = 2500, .ring = false, .scale = 0.05f},
+      {.name = "gqa8 16 tokens", .n_tok = 16, .n_heads = 8, .n_kv = 1, .head_dim = 256, .capacity = 1200,
+       .begin = 0, .end = 1100, .ring = false, .scale = 0.1f},
+      {.name = "ring verify split-K", .n_tok = 9, .n_heads = 4, .n_kv = 2, .head_dim = 256, .capacity = 1033,
+       .begin = 3967, .end = 5000, .ring = true, .window = 1024, .scale = 0.1f},
+      {.name = "verify rows before begin", .n_tok = 4, .n_heads = 8, .n_kv = 1, .head_dim = 128, .capacity = 2048,
+       .begin = 600, .end = 2000, .ring = false, .scale = 0.1f, .q_pos = {500, 700, 1998, 1999}},
+      {.name = "queries far apart", .n_tok = 3, .n_heads = 8, .n_kv = 2, .head_dim = 64, .capacity = 4096,
+       .begin = 0, .end = 4000, .ring = false, .window = 100, .scale = 0.2f, .q_pos = {150, 2000, 3999}},
+      {.name = "hd512 strided", .n_tok = 2, .n_heads = 8, .n_kv = 1, .head_dim = 512, .capacity = 700, .begin = 0,
+       .end = 650, .ring = false, .scale = 0.05f, .strided = true},
+      // The end read on the device (kv_end); kv.end is then a stale value that only sizes the launch. A ring's
+      // begin follows the device end (end - capacity).
+      {.name = "kv_end full split-K", .n_tok = 1, .n_heads = 16, .n_kv = 2, .head_dim = 512, .capacity = 4096,
+       .begin = 0, .end = 3001, .ring = false, .scale = 0.05f, .device_end = true, .host_end = 4096},
+      {.name = "kv_end full begin>0", .n_tok = 3, .n_heads = 4, .n_kv = 1, .head_dim = 20, .capacity = 2048,
+       .begin = 100, .end = 1500, .ring = false, .q_pos = {50, 1000, 1499}, .device_end = true, .host_end = 200},
+      {.name = "kv_end ring window", .n_tok = 5, .n_heads = 4, .n_kv = 2, .head_dim = 256, .capacity = 21,
+       .begin = 39, .end = 60, .ring = true, .window = 16, .device_end = true},
+      {.name = "kv_end ring split-K", .n_tok = 2, .n_heads = 4, .n_kv = 1, .head_dim = 256, .capacity = 1100,
+       .begin = 3900, .end = 5000, .ring = true, .window = 1024, .scale = 0.1f, .device_end = true, .host_end = 4000},
   };
   return all;
 }
@@ -167,6 +221,90 @@ TEST_F(CudaOps, AttentionHeadDimsOfTheReleasedModels) {
       if (HasFatalFailure()) return;
     }
   }
+}
+
+TEST_F(CudaOps, AttentionDecodeTokenCounts) {
+  // Every verify size up to 9 tokens (and 12, 16) on a 31B full layer's group (8 query heads per KV head, head_dim
+  // 512) over a split-K context: 8 to 128 query rows, one to four row chunks.
+  uint32_t seed = 1100;
+  for (int64_t n_tok : {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16}) {
+    const AttnCase c{.name = "decode tokens", .n_tok = n_tok, .n_heads = 8, .n_kv = 1, .head_dim = 512,
+                     .capacity = 1600, .begin = 0, .end = 1500, .ring = false, .scale = 0.05f};
+    run_case(be(), c, kBF16, kBF16, seed++);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// Captures attention with a device kv_end into a CUDA graph at ends[0] (launch sized for the capacity), then
+// replays it at each end after writing that end and its query positions to the device: every replay must match
+// the reference at its own length. For a ring, begin = max(0, end - capacity); for a full store it stays c.begin.
+void run_graph_case(cuda::CudaBackend& be, const AttnCase& base, DType act, DType kv_dt,
+                    const std::vector<int64_t>& ends, uint32_t seed) {
+  auto at = [&](int64_t end) {
+    AttnCase c = base;
+    c.end = end;
+    if (c.ring) c.begin = std::max<int64_t>(0, end - c.capacity);
+    return c;
+  };
+  const AttnCase c0 = at(ends[0]);
+  const int64_t hd = base.head_dim;
+  DeviceTensor k(be, kv_dt, {base.n_kv, base.capacity, hd}), v(be, kv_dt, {base.n_kv, base.capacity, hd});
+  DeviceTensor q(be, act, {base.n_tok, base.n_heads, hd}), out(be, act, {base.n_tok, base.n_heads, hd});
+  DeviceTensor pos(be, kI32, {base.n_tok}), end(be, kI32, {1});
+  fill_random(q.host(), seed);
+  q.upload();
+  const AttentionArgs args{.out = out, .q = q,
+                           .kv = {.k = k, .v = v, .begin = c0.begin, .end = c0.end, .ring = base.ring},
+                           .q_pos = pos, .kv_end = end, .window = base.window, .causal = base.causal,
+                           .scale = base.scale};
+  // One eager call first, as the engine warms up before capturing (the decode kernel's first launch per device
+  // sets its shared-memory attribute).
+  fill_kv(c0, k.host(), v.host(), seed + 1);
+  fill_positions(c0, pos.host());
+  end.host().seti(0, static_cast<int32_t>(c0.end));
+  for (DeviceTensor* t : {&k, &v, &pos, &end}) t->upload();
+  be.attention(args);
+  const Status eager = be.synchronize();
+  ASSERT_TRUE(eager.ok()) << eager.to_string();
+  // The engine's capture (Backend::capture: the current stream, thread-local capture mode).
+  Result<Backend::GraphId> graph = be.capture([&] {
+    be.attention(args);
+    return ok_status();
+  });
+  ASSERT_TRUE(graph.ok()) << graph.status().to_string();
+  for (int64_t e : ends) {
+    const AttnCase c = at(e);
+    SCOPED_TRACE(describe(c, act, kv_dt) + " (graph replay)");
+    fill_kv(c, k.host(), v.host(), seed + 1 + static_cast<uint32_t>(e));
+    fill_positions(c, pos.host());
+    end.host().seti(0, static_cast<int32_t>(e));
+    for (DeviceTensor* t : {&k, &v, &pos, &end}) t->upload();
+    out.poison();
+    const Status replayed = be.replay(*graph);
+    ASSERT_TRUE(replayed.ok()) << replayed.to_string();
+    out.download();
+    check_output(c, act, out.host(), reference(c, act, q.host(), k.host(), v.host(), pos.host()), pos.host());
+    if (::testing::Test::HasFatalFailure()) break;
+  }
+  be.release_graph(*graph);
+}
+
+TEST_F(CudaOps, AttentionKvEndGraphReplay) {
+  // Decode kernel: 31B full decode (split-K sized for 4096 keys, replayed from 5 to 4096 keys) and a sliding verify
+  // over a ring before and after it wraps; general kernel: the same ring in f32 and a bf16 head dim it does not take.
+  const AttnCase full{.name = "graph full decode", .n_tok = 1, .n_heads = 16, .n_kv = 2, .head_dim = 512,
+                      .capacity = 4096, .begin = 0, .end = 0, .ring = false, .scale = 0.05f};
+  const AttnCase ring{.name = "graph ring verify", .n_tok = 4, .n_heads = 4, .n_kv = 2, .head_dim = 256,
+                      .capacity = 1033, .begin = 0, .end = 0, .ring = true, .window = 1024, .scale = 0.1f};
+  const AttnCase odd{.name = "graph general kernel", .n_tok = 2, .n_heads = 4, .n_kv = 1, .head_dim = 20,
+                     .capacity = 2048, .begin = 0, .end = 0, .ring = false};
+  run_graph_case(be(), full, kBF16, kBF16, {64, 5, 3001, 4096}, 1300);
+  if (HasFatalFailure()) return;
+  run_graph_case(be(), ring, kBF16, kBF16, {10, 700, 1033, 5000}, 1400);
+  if (HasFatalFailure()) return;
+  run_graph_case(be(), ring, kF32, kBF16, {10, 5000}, 1500);
+  if (HasFatalFailure()) return;
+  run_graph_case(be(), odd, kBF16, kBF16, {30, 2048}, 1600);
 }
 
 TEST_F(CudaOps, AttentionUnsupportedIsRecordedNotFatal) {

@@ -1,14 +1,17 @@
 // Attention on the GPU (ops.h AttentionArgs, spec §1.6): GQA over the layer's K/V storage (full or ring slots),
 // causal + sliding-window visibility as one key range per query, f32 math with an online (flash-decoding style)
-// softmax, scale 1.0 for Gemma 4. One block per (token, query head); its warps take interleaved keys, each keeping
-// a running max / sum / output row, merged at the end. Few rows over a long context (decode) also split the keys
-// across blocks (split-K): partial states go to the stream's workspace and a second kernel merges them.
+// softmax, scale 1.0 for Gemma 4. Few bf16 rows over a long context (decode, verify, drafter) go to the tensor-core
+// kernel of attention_decode.cu; everything else (prefill, f32, odd head dims) to the general kernel here: one block
+// per (token, query head), its warps taking interleaved keys, each keeping a running max / sum / output row, merged
+// at the end. Few rows over a long context also split the keys across blocks (split-K): partial states go to the
+// stream's workspace and a second kernel merges them. The range end may be read on the device (kv_end).
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
+#include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
@@ -31,6 +34,7 @@ struct AttnParams {
   const void* v;
   int64_t k_stride_head, k_stride_slot, v_stride_head, v_stride_slot;
   const int32_t* q_pos;        // [n_tok]
+  const int32_t* kv_end;       // [1] on the device, or null: the range end is `end`
   int64_t n_heads, group, head_dim;
   int64_t begin, end, capacity, window;
   bool ring, causal;
@@ -41,8 +45,8 @@ struct AttnParams {
 };
 
 // Visible keys of query position qp: one range [lo, hi) (ops.h: begin <= k < end, k <= qp, k > qp - window).
-__device__ __forceinline__ void visible_range(const AttnParams& p, int64_t qp, int64_t* lo, int64_t* hi) {
-  int64_t a = p.begin, b = p.end;
+__device__ __forceinline__ void visible_range(const AttnParams& p, KvRange r, int64_t qp, int64_t* lo, int64_t* hi) {
+  int64_t a = r.begin, b = r.end;
   if (p.causal) b = min(b, qp + 1);
   if (p.window > 0) a = max(a, qp - p.window + 1);
   *lo = a;
@@ -79,7 +83,7 @@ __global__ void __launch_bounds__(kWarps * kWarp) attention_kernel(AttnParams p)
   const int64_t hd = p.head_dim;
 
   int64_t lo, hi;
-  visible_range(p, p.q_pos[t], &lo, &hi);
+  visible_range(p, kv_range(p.kv_end, p.begin, p.end, p.capacity, p.ring), p.q_pos[t], &lo, &hi);
   if (p.n_splits > 1) {  // this block's contiguous share of the visible keys
     const int64_t chunk = (hi - lo + p.n_splits - 1) / p.n_splits;
     lo = min(hi, lo + chunk * blockIdx.y);
@@ -168,23 +172,25 @@ __global__ void __launch_bounds__(kWarps * kWarp) attention_kernel(AttnParams p)
 }
 
 // Merges the n_splits partial states of row blockIdx.x (same rule as the in-block merge) and writes the output.
+// A split that saw no key has max -inf, sum 0 and acc 0: weight 0.
 template <class TQ>
 __global__ void attention_combine_kernel(void* out, const float* partial, int n_splits, int64_t hd) {
+  __shared__ float s_w[kMaxAttnSplits];
   const int64_t row = blockIdx.x;
   const float* part = partial + row * n_splits * (hd + 2);
   float mx = -INFINITY;
   for (int s = 0; s < n_splits; ++s) mx = fmaxf(mx, part[s * (hd + 2) + hd]);
+  for (int s = threadIdx.x; s < n_splits; s += blockDim.x)
+    s_w[s] = mx == -INFINITY ? 0.f : expf(part[s * (hd + 2) + hd] - mx);
+  __syncthreads();
   float sum = 0.f;
-  for (int s = 0; s < n_splits; ++s) {
-    const float* ps = part + s * (hd + 2);
-    if (mx != -INFINITY) sum += ps[hd + 1] * expf(ps[hd] - mx);
-  }
+  for (int s = 0; s < n_splits; ++s) sum += part[s * (hd + 2) + hd + 1] * s_w[s];
   TQ* orow = static_cast<TQ*>(out) + row * hd;
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
     float a = 0.f;
     if (sum > 0.f)
-      for (int s = 0; s < n_splits; ++s) a += part[s * (hd + 2) + d] * expf(part[s * (hd + 2) + hd] - mx);
-    orow[d] = from_f32<TQ>(sum > 0.f ? a / sum : 0.f);
+      for (int s = 0; s < n_splits; ++s) a += part[s * (hd + 2) + d] * s_w[s];
+    orow[d] = from_f32<TQ>(sum > 0.f ? a / sum : 0.f);  // no visible key: a zero row, never 0/0
   }
 }
 
@@ -193,11 +199,9 @@ Status launch_typed(const AttnParams& p, int64_t rows, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(p.n_splits));
   attention_kernel<TQ, TKV, NP><<<grid, kWarps * kWarp, 0, stream>>>(p);
   TANDEM_CUDA_TRY_LAUNCH();
-  if (p.n_splits > 1) {
-    attention_combine_kernel<TQ><<<static_cast<unsigned>(rows), 128, 0, stream>>>(p.out, p.partial, p.n_splits,
-                                                                               p.head_dim);
-    TANDEM_CUDA_TRY_LAUNCH();
-  }
+  if (p.n_splits > 1)
+    return launch_attention_combine(p.out, sizeof(TQ) == 2 ? DType::kBF16 : DType::kF32, p.partial, p.n_splits,
+                                    rows, p.head_dim, stream);
   return ok_status();
 }
 
@@ -221,6 +225,19 @@ int choose_splits(int64_t rows, int64_t max_keys, int64_t head_dim, const Scratc
 
 }  // namespace
 
+Status launch_attention_combine(void* out, DType out_dtype, const float* partial, int n_splits, int64_t rows,
+                                int64_t head_dim, cudaStream_t stream) {
+  if (n_splits < 1 || n_splits > kMaxAttnSplits)
+    return invalid_argument(strfmt("cuda attention combine: %d splits (at most %d)", n_splits, kMaxAttnSplits));
+  const unsigned grid = static_cast<unsigned>(rows);
+  if (out_dtype == DType::kBF16)
+    attention_combine_kernel<bf16><<<grid, 128, 0, stream>>>(out, partial, n_splits, head_dim);
+  else
+    attention_combine_kernel<float><<<grid, 128, 0, stream>>>(out, partial, n_splits, head_dim);
+  TANDEM_CUDA_TRY_LAUNCH();
+  return ok_status();
+}
+
 Status launch_attention(const AttentionArgs& a, const Scratch& scratch, cudaStream_t stream) {
   const DType qt = a.q.dtype, kt = a.kv.k.dtype;
   if ((qt != DType::kBF16 && qt != DType::kF32) || a.out.dtype != qt)
@@ -235,6 +252,13 @@ Status launch_attention(const AttentionArgs& a, const Scratch& scratch, cudaStre
                               kMaxHeadDim));
   const int64_t rows = n_tok * n_heads;
   if (rows == 0 || head_dim == 0) return ok_status();
+  // Launch sizing (split-K): the host range, or inside a graph capture with kv_end the largest range a replay may
+  // see (the capacity); the kernels take their range at run time either way.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TANDEM_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+  const int64_t max_keys = !a.kv_end.empty() && capture != cudaStreamCaptureStatusNone ? a.kv.capacity()
+                                                                                        : a.kv.end - a.kv.begin;
+  if (attention_decode_applies(a)) return launch_attention_decode(a, max_keys, scratch, stream);
   AttnParams p{};
   p.out = a.out.data;
   p.q = a.q.data;
@@ -245,6 +269,7 @@ Status launch_attention(const AttentionArgs& a, const Scratch& scratch, cudaStre
   p.v_stride_head = a.kv.v.stride[0];
   p.v_stride_slot = a.kv.v.stride[1];
   p.q_pos = static_cast<const int32_t*>(a.q_pos.data);
+  p.kv_end = a.kv_end.empty() ? nullptr : static_cast<const int32_t*>(a.kv_end.data);
   p.n_heads = n_heads;
   p.group = n_heads / a.kv.k.shape[0];
   p.head_dim = head_dim;
@@ -260,7 +285,7 @@ Status launch_attention(const AttentionArgs& a, const Scratch& scratch, cudaStre
   p.q_pairs = head_dim % 2 == 0 && aligned(p.q, q_pair);
   p.kv_pairs = head_dim % 2 == 0 && aligned(p.k, kv_pair) && aligned(p.v, kv_pair) && p.k_stride_head % 2 == 0 &&
                p.k_stride_slot % 2 == 0 && p.v_stride_head % 2 == 0 && p.v_stride_slot % 2 == 0;
-  p.n_splits = choose_splits(rows, a.kv.end - a.kv.begin, head_dim, scratch);
+  p.n_splits = choose_splits(rows, max_keys, head_dim, scratch);
   p.partial = static_cast<float*>(scratch.data);
   if (qt == DType::kBF16)
     return kt == DType::kBF16 ? launch_dim<bf16, bf16>(p, rows, stream) : launch_dim<bf16, float>(p, rows, stream);

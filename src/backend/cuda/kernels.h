@@ -41,12 +41,17 @@ struct Scratch {
   int sm_count = 0;
 };
 
-// attention.cu (split-K partial states go to the scratch when a few rows face a long context)
+// attention.cu, attention_decode.cu (split-K partial states go to the scratch when a few rows face a long context;
+// inside a graph capture with kv_end, the launch is sized for the storage's capacity)
 Status launch_attention(const AttentionArgs& a, const Scratch& scratch, cudaStream_t stream);
 
 // moe.cu (moe_experts keeps its [tokens, k, d_ff] intermediate in the scratch, token chunks if it must)
 Status launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
 Status launch_moe_experts(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream_t stream);
+
+// gemv.cu: decode/verify products (1..9 bf16 rows, bf16 weights, K % 8 == 0, 16-byte aligned w and x).
+bool gemv_eligible(const LinearArgs& a);
+Status launch_gemv(const LinearArgs& a, int sm_count, cudaStream_t stream);
 
 // gemm.cu: the plain kernel behind linear() for what cuBLASLt cannot take (odd sizes, f32 operands);
 // the cuBLASLt path lives in class Gemm (gemm.h).
