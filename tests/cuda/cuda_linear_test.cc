@@ -1,5 +1,5 @@
-// CUDA linear() parity against ref::linear: the cuBLASLt path (bf16 operands with 16-byte aligned rows) and the
-// plain kernel (odd K or N, misaligned views, f32 operands), with alpha and accumulate, odd token counts, and the
+// CUDA linear() parity against ref::linear: the GEMV kernel (1..9 bf16 rows), the cuBLASLt path (bf16 operands
+// with 16-byte aligned rows; more rows, or the GEMV switched off) and the plain kernel (odd K or N, misaligned views, f32 operands), with alpha and accumulate, odd token counts, and the
 // per-shape plan cache. Which path ran is asserted, so a silent fallback cannot pass for cuBLASLt.
 #include <gtest/gtest.h>
 
@@ -25,10 +25,12 @@ struct Case {
 };
 
 // Runs one linear on random data against the reference; `accumulate` pre-fills out with random values.
-void check_linear(cuda::CudaBackend& be, const Case& c, int64_t n_tok, bool accumulate, uint32_t seed) {
-  SCOPED_TRACE(strfmt("T %lld K %lld N %lld x %s w %s out %s accumulate %d", static_cast<long long>(n_tok),
+void check_linear(cuda::CudaBackend& be, const Case& c, int64_t n_tok, bool accumulate, uint32_t seed,
+                  bool gemv = true) {
+  SCOPED_TRACE(strfmt("T %lld K %lld N %lld x %s w %s out %s accumulate %d gemv %d", static_cast<long long>(n_tok),
                       static_cast<long long>(c.n_in), static_cast<long long>(c.n_out), dtype_name(c.x),
-                      dtype_name(c.w), dtype_name(c.out), accumulate));
+                      dtype_name(c.w), dtype_name(c.out), accumulate, gemv));
+  be.set_gemv(gemv);
   DeviceTensor x(be, c.x, {n_tok, c.n_in}), w(be, c.w, {c.n_out, c.n_in}), out(be, c.out, {n_tok, c.n_out});
   fill_random(x.host(), seed);
   fill_random(w.host(), seed + 1);
@@ -43,10 +45,17 @@ void check_linear(cuda::CudaBackend& be, const Case& c, int64_t n_tok, bool accu
     out.poison();
   }
   const float alpha = accumulate ? 0.5f : 1.f;
+  struct RestoreGemv {
+    cuda::CudaBackend& be;
+    ~RestoreGemv() { be.set_gemv(true); }
+  } restore{be};
   const LinearArgs args{.out = out, .x = x, .w = w, .alpha = alpha, .accumulate = accumulate};
   Result<LinearPath> path = be.linear_path(args);
   ASSERT_TRUE(path.ok()) << path.status().to_string();
-  EXPECT_EQ(*path, c.path) << "path " << cuda::linear_path_name(*path);
+  // While it is on, the GEMV kernel takes every bf16 product of 1..9 rows with K % 8 == 0 (fresh, aligned buffers).
+  const bool gemv_takes = gemv && n_tok <= 9 && c.x == kBF16 && c.w == kBF16 && c.n_in % 8 == 0;
+  const LinearPath want_path = gemv_takes ? LinearPath::kGemv : c.path;
+  EXPECT_EQ(*path, want_path) << "path " << cuda::linear_path_name(*path);
   be.linear(args);
   out.download();
   ref::linear({.out = want, .x = x.host(), .w = w.host(), .alpha = alpha, .accumulate = accumulate});
@@ -69,6 +78,33 @@ TEST_F(CudaLinear, MatchesReferenceOnBothPaths) {
     for (int64_t n_tok : {1, 3, 17}) {
       for (bool accumulate : {false, true}) {
         check_linear(be(), c, n_tok, accumulate, seed);
+        seed += 3;
+      }
+    }
+  }
+}
+
+TEST_F(CudaLinear, GemvMatchesReferenceAtEveryDecodeAndVerifySize) {
+  // Every token count the GEMV kernel takes (1..9), with N not a multiple of any rows-per-block choice, small and
+  // large N (the kernel picks 1, 2, 4 or 8 rows per block), K from one 16-byte chunk per thread to several, bf16
+  // and f32 out, alpha and accumulate; then the same shapes with the GEMV off (cuBLASLt).
+  const Case cases[] = {
+      {8, 5, kBF16, kBF16, kBF16, LinearPath::kCublasLt},       // K = one chunk
+      {2056, 131, kBF16, kBF16, kBF16, LinearPath::kCublasLt},   // N odd: cuBLASLt cannot, the GEMV can
+      {5376, 4104, kBF16, kBF16, kF32, LinearPath::kCublasLt},   // 31B-like K, N = 4104 (1-2 rows per block)
+      {1536, 8200, kBF16, kBF16, kBF16, LinearPath::kCublasLt},  // 4-8 rows per block
+  };
+  uint32_t seed = 100;
+  for (const Case& c0 : cases) {
+    Case c = c0;
+    for (int64_t n_tok = 1; n_tok <= 9; ++n_tok) {
+      for (bool accumulate : {false, true}) {
+        c.path = c0.n_out % 8 == 0 ? LinearPath::kCublasLt : LinearPath::kSimple;  // what runs with the GEMV off
+        if (c.out == kF32 && c0.n_out % 4 == 0) c.path = LinearPath::kCublasLt;
+        check_linear(be(), {c.n_in, c.n_out, c.x, c.w, c.out, c.path}, n_tok, accumulate, seed, /*gemv=*/false);
+        Case g = c;
+        g.path = LinearPath::kGemv;
+        check_linear(be(), g, n_tok, accumulate, seed + 1);
         seed += 3;
       }
     }

@@ -6,6 +6,8 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
@@ -88,6 +90,7 @@ Status launch_linear_simple(const LinearArgs& a, cudaStream_t stream) {
 
 const char* linear_path_name(LinearPath p) {
   switch (p) {
+    case LinearPath::kGemv: return "gemv";
     case LinearPath::kCublasLt: return "cublaslt";
     case LinearPath::kSimple: return "simple";
     case LinearPath::kUnsupported: return "unsupported";
@@ -95,10 +98,15 @@ const char* linear_path_name(LinearPath p) {
   return "?";
 }
 
-Result<std::unique_ptr<Gemm>> Gemm::create() {
+Result<std::unique_ptr<Gemm>> Gemm::create(int sm_count) {
   cublasLtHandle_t handle = nullptr;
   TANDEM_CUBLAS_TRY(cublasLtCreate(&handle));
-  return std::unique_ptr<Gemm>(new Gemm(handle));
+  return std::unique_ptr<Gemm>(new Gemm(handle, sm_count));
+}
+
+Gemm::Gemm(cublasLtHandle_t handle, int sm_count) : handle_(handle), sm_count_(sm_count) {
+  const char* env = std::getenv("TANDEM_GEMV");
+  gemv_ = !(env && std::string_view(env) == "0");
 }
 
 Gemm::~Gemm() {
@@ -165,6 +173,7 @@ Result<const Gemm::Plan*> Gemm::plan(const Key& key) {
 }
 
 Result<LinearPath> Gemm::choose(const LinearArgs& a) {
+  if (gemv_ && gemv_eligible(a)) return LinearPath::kGemv;
   if (cublaslt_eligible(a)) {
     TANDEM_ASSIGN_OR_RETURN(const Plan* p, plan(Key{a.x.rows(), a.w.dim(0), a.w.dim(1), a.out.dtype}));
     if (p->has_algo) return LinearPath::kCublasLt;
@@ -175,6 +184,7 @@ Result<LinearPath> Gemm::choose(const LinearArgs& a) {
 
 Status Gemm::run(const LinearArgs& a, cudaStream_t stream, void* workspace) {
   TANDEM_ASSIGN_OR_RETURN(const LinearPath path, choose(a));
+  if (path == LinearPath::kGemv) return launch_gemv(a, sm_count_, stream);
   if (path != LinearPath::kCublasLt) return launch_linear_simple(a, stream);
   TANDEM_ASSIGN_OR_RETURN(const Plan* p, plan(Key{a.x.rows(), a.w.dim(0), a.w.dim(1), a.out.dtype}));
   const float alpha = a.alpha, beta = a.accumulate ? 1.f : 0.f;  // beta = 0: cuBLASLt never reads out

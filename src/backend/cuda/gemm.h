@@ -1,4 +1,5 @@
-// linear() on the GPU (ops.h LinearArgs: out[T, N] = alpha * x[T, K] @ w[N, K]^T (+ out)). bf16 operands with
+// linear() on the GPU (ops.h LinearArgs: out[T, N] = alpha * x[T, K] @ w[N, K]^T (+ out)). Decode and verify
+// sizes (T <= 9, bf16) take tandem's GEMV kernel (gemv.cu) unless TANDEM_GEMV=0; other bf16 operands with
 // 16-byte aligned rows go to cuBLASLt (fp32 compute, bf16 or f32 out, one cached plan per shape, a workspace per
 // stream); anything else (odd K or N, f32 operands) to a plain warp-per-output kernel, so every shape works.
 #pragma once
@@ -16,7 +17,7 @@
 
 namespace tandem::cuda {
 
-enum class LinearPath : uint8_t { kCublasLt, kSimple, kUnsupported };
+enum class LinearPath : uint8_t { kGemv, kCublasLt, kSimple, kUnsupported };
 const char* linear_path_name(LinearPath p);
 
 class Gemm {
@@ -24,7 +25,7 @@ class Gemm {
   // cuBLASLt workspace each stream owns (NVIDIA's recommendation for Hopper).
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
-  static Result<std::unique_ptr<Gemm>> create();
+  static Result<std::unique_ptr<Gemm>> create(int sm_count);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
@@ -35,6 +36,10 @@ class Gemm {
   // Enqueues the product on `stream`; `workspace` holds kWorkspaceBytes and is used by this stream only.
   Status run(const LinearArgs& a, cudaStream_t stream, void* workspace);
   [[nodiscard]] size_t plan_count() const { return plans_.size(); }
+  // Whether decode/verify sizes take the GEMV kernel (default: on unless TANDEM_GEMV=0); tests and benches
+  // compare both paths.
+  void set_gemv(bool on) { gemv_ = on; }
+  [[nodiscard]] bool gemv() const { return gemv_; }
 
  private:
   struct Key {
@@ -49,11 +54,13 @@ class Gemm {
     bool has_algo = false;
   };
 
-  explicit Gemm(cublasLtHandle_t handle) : handle_(handle) {}
+  Gemm(cublasLtHandle_t handle, int sm_count);
   Result<const Plan*> plan(const Key& key);
   static void destroy(Plan& p);
 
   cublasLtHandle_t handle_;
+  int sm_count_;
+  bool gemv_ = true;
   std::map<Key, Plan> plans_;
 };
 
