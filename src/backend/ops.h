@@ -6,8 +6,10 @@
 // Outputs never alias inputs unless the op says so. Every element of an output is written.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
+#include "core/check.h"
 #include "tensor/tensor.h"
 
 namespace tandem {
@@ -38,9 +40,22 @@ struct LinearArgs {
 // Row-wise RMSNorm over the last dim, computed in f32: y = x * (mean(x^2) + eps)^-0.5 * w (no "1 + w", spec §1.2).
 // Evaluated as HF does: (x * pow(ms + eps, -0.5)) * w, the weight read as f32.
 // weight empty = weightless norm (v_norm, router). out may alias x.  x/out [..., dim] act; weight [dim]
+// Fused epilogues (one op instead of two or three small ones per layer). Each stage rounds to out's dtype exactly as
+// the separate ops would, so the result is bit-identical to the unfused sequence on the same backend:
+//  - residual (optional; out's dtype and size; out may alias it): out = residual + y, as add(out, residual, y)
+//    after rms_norm(y) (the sandwich-norm residual "h = r + norm(a)", spec §1.5);
+//  - out_scale: then out *= out_scale, as scale() would (layer_scalar, which multiplies the whole output, residual
+//    included, spec §1.5); with no residual it scales the norm output. Skipped when 1 (an exact identity anyway).
+//  - rope_pos / rope_inv_freq (optional, both or neither; the meaning of RopeArgs' pos / inv_freq): x/out are
+//    [n_tokens, n_heads, head_dim] (any shape with that many rows of head_dim), n_tokens = rope_pos.numel(), and
+//    out = rope(y): the norm output rounded to out's dtype, then RoPE as rope() computes it (q_norm / k_norm then
+//    RoPE, spec §1.6). Needs x and out of one dtype; cannot be combined with residual or out_scale != 1.
 struct RmsNormArgs {
   Tensor out, x, weight;
   float eps = 1e-6f;
+  Tensor residual;
+  float out_scale = 1.f;
+  Tensor rope_pos, rope_inv_freq;
 };
 
 // In-place half-split ("rotate_half") RoPE on x [n_tokens, n_heads, head_dim] at positions pos (i32 [n_tokens]).
@@ -75,14 +90,30 @@ struct KvWriteArgs {
 // output row, never NaN. Requires end - begin <= capacity for a ring (every key in the range is still stored) and
 // end <= capacity otherwise. out may alias q. scale multiplies q.k (Gemma 4 uses 1.0, spec §1.6).
 // q/out [n_tokens, n_heads, head_dim] act; q_pos i32 [n_tokens].
+// kv_end (optional, i32 [1] on the op's device): the range end read at run time in place of kv.end (a ring's begin
+// is then max(0, end - capacity), a full store's stays kv.begin). A captured CUDA graph replays at any cache length
+// this way; kv.end must still be given (it sizes the launch outside a capture; inside one, the capacity does).
 struct AttentionArgs {
   Tensor out, q;
   KvView kv;
   Tensor q_pos;
+  Tensor kv_end;
   int64_t window = 0;
   bool causal = true;
   float scale = 1.f;
 };
+
+// The KV range an attention op sees: a.kv, with kv_end (when set) read from host-readable memory and a ring's begin
+// derived from it. For host backends and the reference kernels.
+inline KvView host_attention_range(const AttentionArgs& a) {
+  KvView kv = a.kv;
+  if (a.kv_end.empty()) return kv;
+  TANDEM_CHECK_MSG(a.kv_end.dtype == DType::kI32 && a.kv_end.numel() == 1 && a.kv_end.device.is_cpu(),
+                   "attention kv_end must be one host-readable i32, got %s", a.kv_end.describe().c_str());
+  kv.end = *a.kv_end.ptr<int32_t>();
+  if (kv.ring) kv.begin = std::max<int64_t>(0, kv.end - kv.capacity());
+  return kv;
+}
 
 // out = gelu_tanh(gate) * up (GeGLU, spec §1.9). All [n_tokens, d_ff] act. out may alias gate.
 struct GeluMulArgs {

@@ -75,7 +75,7 @@ void CpuBackend::attention(const AttentionArgs& a) {
                    static_cast<long long>(n_heads), static_cast<long long>(n_kv));
   check_kv_storage(a.kv.k, n_kv, head_dim, "kv.k");
   check_kv_storage(a.kv.v, n_kv, head_dim, "kv.v");
-  const KvView& kv = a.kv;
+  const KvView kv = host_attention_range(a);
   TANDEM_CHECK(kv.k.shape[1] == kv.v.shape[1] && kv.begin >= 0 && kv.begin <= kv.end);
   TANDEM_CHECK_MSG(kv.ring ? kv.end - kv.begin <= kv.capacity() : kv.end <= kv.capacity(),
                    "kv range [%lld, %lld) does not fit capacity %lld (ring %d)", static_cast<long long>(kv.begin),

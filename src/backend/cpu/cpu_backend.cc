@@ -78,12 +78,50 @@ void CpuBackend::embedding(const EmbeddingArgs& a) {
   }
 }
 
+namespace {
+
+// One row of rms_norm with its epilogue (ops.h): y = (x * inv) * w, then residual + y, then y * out_scale. Each
+// stage is the f32 operation the separate rms_norm, add and scale ops perform, so the fused op matches them bitwise.
+void norm_row(float* y, const float* x, const float* w, const float* res, float out_scale, int64_t dim, float eps) {
+  double ss = 0;  // the sum of squares in double: cheap, and closer to exact than any f32 order
+  for (int64_t d = 0; d < dim; ++d) ss += static_cast<double>(x[d]) * x[d];
+  const float ms = static_cast<float>(ss / static_cast<double>(dim));
+  const float inv = std::pow(ms + eps, -0.5f);  // pow, not rsqrt, as HF (spec §1.2)
+  for (int64_t d = 0; d < dim; ++d) {
+    float v = x[d] * inv;
+    if (w) v *= w[d];
+    if (res) v = res[d] + v;  // read before y[d] is written: out may alias x or residual
+    if (out_scale != 1.f) v *= out_scale;
+    y[d] = v;
+  }
+}
+
+// RoPE (spec §1.7) of one token's heads, x [n_heads, head_dim], in place. Shared by rope() and rms_norm's RoPE
+// epilogue so both compute the same bits.
+void rope_token(float* x, int64_t n_heads, int64_t head_dim, float pos, const float* f) {
+  const int64_t half = head_dim / 2;
+  for (int64_t j = 0; j < half; ++j) {
+    if (f[j] == 0.f) continue;  // unrotated pair of proportional RoPE: bit-for-bit unchanged
+    const float angle = pos * f[j];
+    const float c = std::cos(angle), s = std::sin(angle);
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* xh = x + h * head_dim;
+      const float x1 = xh[j], x2 = xh[j + half];
+      xh[j] = x1 * c + (-x2) * s;  // x * cos + rotate_half(x) * sin
+      xh[j + half] = x2 * c + x1 * s;
+    }
+  }
+}
+
+}  // namespace
+
 void CpuBackend::rms_norm(const RmsNormArgs& a) {
   check_act(a.out, "rms_norm out");
   check_act(a.x, "rms_norm x");
   const int64_t dim = a.x.dim(-1), rows = a.x.rows();
   TANDEM_CHECK(a.out.numel() == a.x.numel() && a.out.dim(-1) == dim);
-  const bool has_w = !a.weight.empty();
+  const bool has_w = !a.weight.empty(), has_res = !a.residual.empty();
+  const bool has_rope = !a.rope_pos.empty() || !a.rope_inv_freq.empty();
   std::vector<float> w;
   if (has_w) {
     check_float(a.weight, "rms_norm weight");
@@ -91,22 +129,38 @@ void CpuBackend::rms_norm(const RmsNormArgs& a) {
     w.resize(static_cast<size_t>(dim));
     simd_.to_f32(w.data(), a.weight.data, simd_type(a.weight.dtype), dim);
   }
-  const float* x = a.x.ptr<float>();
-  float* out = a.out.ptr<float>();
-#pragma omp parallel for num_threads(threads_) schedule(static) if (rows * dim > 65536)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * dim;
-    float* yr = out + r * dim;
-    double ss = 0;  // the sum of squares in double: cheap, and closer to exact than any f32 order
-    for (int64_t d = 0; d < dim; ++d) ss += static_cast<double>(xr[d]) * xr[d];
-    const float ms = static_cast<float>(ss / static_cast<double>(dim));
-    const float inv = std::pow(ms + a.eps, -0.5f);  // pow, not rsqrt, as HF (spec §1.2)
-    if (has_w) {
-      for (int64_t d = 0; d < dim; ++d) yr[d] = (xr[d] * inv) * w[d];
-    } else {
-      for (int64_t d = 0; d < dim; ++d) yr[d] = xr[d] * inv;
-    }
+  if (has_res) {
+    check_act(a.residual, "rms_norm residual");
+    TANDEM_CHECK(a.residual.numel() == a.out.numel());
   }
+  const float* x = a.x.ptr<float>();
+  const float* wp = has_w ? w.data() : nullptr;
+  float* out = a.out.ptr<float>();
+  if (has_rope) {
+    check_i32(a.rope_pos, "rms_norm rope_pos");
+    check_act(a.rope_inv_freq, "rms_norm rope_inv_freq");
+    const int64_t n_tok = a.rope_pos.numel();
+    TANDEM_CHECK_MSG(!has_res && a.out_scale == 1.f && dim % 2 == 0 && a.rope_inv_freq.numel() == dim / 2 &&
+                         rows % n_tok == 0,
+                     "rms_norm with rope: x %s, pos %s, inv_freq %s, residual %s, out_scale %g", a.x.describe().c_str(),
+                     a.rope_pos.describe().c_str(), a.rope_inv_freq.describe().c_str(),
+                     has_res ? a.residual.describe().c_str() : "none", static_cast<double>(a.out_scale));
+    const int64_t n_heads = rows / n_tok;
+#pragma omp parallel for num_threads(threads_) schedule(static) if (n_tok > 1)
+    for (int64_t t = 0; t < n_tok; ++t) {
+      for (int64_t h = 0; h < n_heads; ++h) {
+        const int64_t r = t * n_heads + h;
+        norm_row(out + r * dim, x + r * dim, wp, nullptr, 1.f, dim, a.eps);
+      }
+      rope_token(out + t * n_heads * dim, n_heads, dim, static_cast<float>(a.rope_pos.ptr<int32_t>()[t]),
+                 a.rope_inv_freq.ptr<float>());
+    }
+    return;
+  }
+  const float* res = has_res ? a.residual.ptr<float>() : nullptr;
+#pragma omp parallel for num_threads(threads_) schedule(static) if (rows * dim > 65536)
+  for (int64_t r = 0; r < rows; ++r)
+    norm_row(out + r * dim, x + r * dim, wp, res ? res + r * dim : nullptr, a.out_scale, dim, a.eps);
 }
 
 void CpuBackend::rope(const RopeArgs& a) {
@@ -116,22 +170,10 @@ void CpuBackend::rope(const RopeArgs& a) {
   TANDEM_CHECK(a.x.ndim == 3);
   const int64_t n_tok = a.x.shape[0], n_heads = a.x.shape[1], head_dim = a.x.shape[2], half = head_dim / 2;
   TANDEM_CHECK(head_dim % 2 == 0 && a.inv_freq.numel() == half && a.pos.numel() == n_tok);
-  const float* f = a.inv_freq.ptr<float>();
 #pragma omp parallel for num_threads(threads_) schedule(static) if (n_tok > 1)
-  for (int64_t t = 0; t < n_tok; ++t) {
-    const float pos = static_cast<float>(a.pos.ptr<int32_t>()[t]);
-    for (int64_t j = 0; j < half; ++j) {
-      if (f[j] == 0.f) continue;  // unrotated pair of proportional RoPE: bit-for-bit unchanged
-      const float angle = pos * f[j];
-      const float c = std::cos(angle), s = std::sin(angle);
-      for (int64_t h = 0; h < n_heads; ++h) {
-        float* x = a.x.ptr<float>() + (t * n_heads + h) * head_dim;
-        const float x1 = x[j], x2 = x[j + half];
-        x[j] = x1 * c + (-x2) * s;  // x * cos + rotate_half(x) * sin
-        x[j + half] = x2 * c + x1 * s;
-      }
-    }
-  }
+  for (int64_t t = 0; t < n_tok; ++t)
+    rope_token(a.x.ptr<float>() + t * n_heads * head_dim, n_heads, head_dim,
+               static_cast<float>(a.pos.ptr<int32_t>()[t]), a.inv_freq.ptr<float>());
 }
 
 void CpuBackend::gelu_mul(const GeluMulArgs& a) {

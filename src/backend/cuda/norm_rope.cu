@@ -1,7 +1,9 @@
 // RMSNorm (spec §1.2) and half-split RoPE (spec §1.7) on the GPU. RMSNorm: one block per row (a single warp for
-// head-sized rows), f32 math, 16-byte vector loads when every row is 16-byte aligned. RoPE: one thread per
-// rotated pair; for bf16 activations it follows HF's bf16 arithmetic (cos/sin rounded to bf16, each product and
-// the sum rounded: spec §1.13 item 4), for f32 it is plain f32.
+// head-sized rows), f32 math, 16-byte vector loads when the rows are 16-byte aligned, and the fused epilogues of
+// ops.h (residual add, out_scale, RoPE: one head per block) rounding each stage as the separate ops do, so fused and
+// unfused results are bit-identical. RoPE: one thread per rotated pair; for bf16 activations it follows HF's bf16
+// arithmetic (cos/sin rounded to bf16, each product and the sum rounded: spec §1.13 item 4), for f32 it rounds
+// each product and the sum in f32 (no FMA contraction), as HF's separate tensor ops do.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -56,61 +58,156 @@ struct NormWeight {
   DType dtype = DType::kF32;
 };
 
-// Row `blockIdx.x`: y = x * rsqrt(mean(x^2) + eps) * w. Pass 2 re-reads x (from L1/L2) so any dim works; each
-// element is read before it is written by the same thread, so out may alias x.
-template <class TX, class TO, int V>
-__global__ void rms_norm_kernel(TO* out, const TX* x, NormWeight w, int64_t dim, float eps) {
-  const TX* xr = x + blockIdx.x * dim;
-  TO* outr = out + blockIdx.x * dim;
-  const int64_t step = static_cast<int64_t>(blockDim.x) * V;
-  float ss = 0.f;
-  for (int64_t i = threadIdx.x * V; i < dim; i += step) {
-    float v[V];
-    load_vec<TX, V>(xr + i, v);
+// The fused epilogue of rms_norm (ops.h): out = (residual + y) * out_scale, each stage rounded to out's dtype.
+struct NormEpilogue {
+  const void* residual = nullptr;  // out's dtype and shape, or nullptr
+  float out_scale = 1.f;
+  bool vec_io = false;  // out, residual and weight are 16-byte aligned: pass 2 may use vector loads and stores
+};
+
+// V elements from p, as vector accesses when `vec` (p 16-byte aligned), else one by one.
+template <class T, int V>
+__device__ __forceinline__ void load_any(const T* p, float (&v)[V], bool vec) {
+  if (vec) {
+    load_vec<T, V>(p, v);
+  } else {
 #pragma unroll
-    for (int j = 0; j < V; ++j) ss += v[j] * v[j];
+    for (int j = 0; j < V; ++j) v[j] = to_f32(p[j]);
+  }
+}
+
+template <class T, int V>
+__device__ __forceinline__ void store_any(T* p, const float (&v)[V], bool vec) {
+  if (vec) {
+    store_vec<T, V>(p, v);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) p[j] = from_f32<T>(v[j]);
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void load_weight(const NormWeight& w, int64_t i, float (&v)[V], bool vec) {
+  if (w.data == nullptr) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = 1.f;
+  } else if (w.dtype == DType::kBF16) {
+    load_any<bf16, V>(static_cast<const bf16*>(w.data) + i, v, vec);
+  } else {
+    load_any<float, V>(static_cast<const float*>(w.data) + i, v, vec);
+  }
+}
+
+// v as the separate op would have stored it in a T tensor (identity for f32).
+template <class T>
+__device__ __forceinline__ float round_as(float v) {
+  return to_f32(from_f32<T>(v));
+}
+
+// (mean(x^2) + eps)^-0.5 of row xr, reduced over the block. Threads [0, n_active) read the row with stride
+// n_active * V; the others (RoPE variant) add zeros, which changes no bit of the sum. So the result depends only on
+// (x, dim, V, n_active), and rms_norm and its RoPE variant agree when launched with the same V and n_active.
+template <class TX, int V>
+__device__ __forceinline__ float row_inv_rms(const TX* xr, int64_t dim, int n_active, float eps) {
+  float ss = 0.f;
+  if (static_cast<int>(threadIdx.x) < n_active) {
+    for (int64_t i = threadIdx.x * V; i < dim; i += static_cast<int64_t>(n_active) * V) {
+      float v[V];
+      load_vec<TX, V>(xr + i, v);
+#pragma unroll
+      for (int j = 0; j < V; ++j) ss += v[j] * v[j];
+    }
   }
   ss = block_sum(ss);
   // HF writes pow(ms + eps, -0.5); PyTorch's CUDA pow evaluates an exponent of -0.5 as rsqrt.
-  const float inv = rsqrtf(ss / static_cast<float>(dim) + eps);
+  return rsqrtf(ss / static_cast<float>(dim) + eps);
+}
+
+// Row `blockIdx.x`: y = x * rsqrt(mean(x^2) + eps) * w, then the epilogue. Pass 2 re-reads x (from L1/L2) so any dim
+// works; each element of x and residual is read before it is written by the same thread, so out may alias either.
+template <class TX, class TO, int V>
+__global__ void rms_norm_kernel(TO* out, const TX* x, NormWeight w, NormEpilogue e, int64_t dim, float eps) {
+  const TX* xr = x + blockIdx.x * dim;
+  TO* outr = out + blockIdx.x * dim;
+  const TO* resr = e.residual ? static_cast<const TO*>(e.residual) + blockIdx.x * dim : nullptr;
+  const float inv = row_inv_rms<TX, V>(xr, dim, static_cast<int>(blockDim.x), eps);
+  const int64_t step = static_cast<int64_t>(blockDim.x) * V;
   for (int64_t i = threadIdx.x * V; i < dim; i += step) {
     float v[V], wv[V];
     load_vec<TX, V>(xr + i, v);
-    if (w.data == nullptr) {
-#pragma unroll
-      for (int j = 0; j < V; ++j) wv[j] = 1.f;
-    } else if (w.dtype == DType::kBF16) {
-      load_vec<bf16, V>(static_cast<const bf16*>(w.data) + i, wv);
-    } else {
-      load_vec<float, V>(static_cast<const float*>(w.data) + i, wv);
-    }
+    load_weight<V>(w, i, wv, e.vec_io);
 #pragma unroll
     for (int j = 0; j < V; ++j) v[j] = v[j] * inv * wv[j];
-    store_vec<TO, V>(outr + i, v);
+    if (resr) {  // add(out, residual, y): y as stored, then the sum (never contracted into an FMA with the norm)
+      float rv[V];
+      load_any<TO, V>(resr + i, rv, e.vec_io);
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[j] = __fadd_rn(rv[j], round_as<TO>(v[j]));
+    }
+    if (e.out_scale != 1.f) {  // scale(out, out_scale)
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[j] = round_as<TO>(v[j]) * e.out_scale;
+    }
+    store_any<TO, V>(outr + i, v, e.vec_io);
   }
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Launch geometry of the norm's reduction, from x alone (so the fused variants reduce in the same order as the
+// plain op on the same x): V = 8 when every row of x is 16-byte aligned, and one thread per V elements (whole warps,
+// at most 1024).
+struct NormGeometry {
+  int v = 1;
+  int threads = kWarp;
+};
+
+NormGeometry norm_geometry(const Tensor& x) {
+  const int64_t dim = x.dim(-1);
+  NormGeometry g;
+  g.v = dim % 8 == 0 && aligned16(x.data) ? 8 : 1;
+  g.threads = static_cast<int>(std::min<int64_t>(1024, (dim / g.v + kWarp - 1) / kWarp * kWarp));
+  if (g.threads < kWarp) g.threads = kWarp;
+  return g;
+}
 
 template <class TX, class TO>
 Status rms_norm_typed(const RmsNormArgs& a, cudaStream_t stream) {
   const int64_t dim = a.x.dim(-1), rows = a.x.rows();
   if (rows == 0 || dim == 0) return ok_status();
   const NormWeight w{a.weight.empty() ? nullptr : a.weight.data, a.weight.dtype};
-  const bool vec = dim % 8 == 0 && aligned16(a.x.data) && aligned16(a.out.data) && (!w.data || aligned16(w.data));
-  const int v = vec ? 8 : 1;
-  int threads = static_cast<int>(std::min<int64_t>(1024, (dim / v + kWarp - 1) / kWarp * kWarp));
-  if (threads < kWarp) threads = kWarp;
+  const NormGeometry g = norm_geometry(a.x);
+  NormEpilogue e{a.residual.empty() ? nullptr : a.residual.data, a.out_scale, false};
+  e.vec_io = g.v == 8 && aligned16(a.out.data) && (!w.data || aligned16(w.data)) &&
+             (!e.residual || aligned16(e.residual));
   auto* out = static_cast<TO*>(a.out.data);
   const auto* x = static_cast<const TX*>(a.x.data);
   const auto grid = static_cast<unsigned>(rows);
-  if (vec) {
-    rms_norm_kernel<TX, TO, 8><<<grid, threads, 0, stream>>>(out, x, w, dim, a.eps);
+  if (g.v == 8) {
+    rms_norm_kernel<TX, TO, 8><<<grid, g.threads, 0, stream>>>(out, x, w, e, dim, a.eps);
   } else {
-    rms_norm_kernel<TX, TO, 1><<<grid, threads, 0, stream>>>(out, x, w, dim, a.eps);
+    rms_norm_kernel<TX, TO, 1><<<grid, g.threads, 0, stream>>>(out, x, w, e, dim, a.eps);
   }
   TANDEM_CUDA_TRY_LAUNCH();
   return ok_status();
+}
+
+// One rotated pair (x1, x2) = (x[j], x[j + half]) -> x * cos + rotate_half(x) * sin, in place. Shared by rope and
+// the RoPE epilogue of rms_norm so both give the same bits. T is the activation type (bf16 or f32).
+template <class T>
+__device__ __forceinline__ void rope_pair(float& x1, float& x2, float c, float s) {
+  if constexpr (sizeof(T) == 2) {
+    // bf16: q * cos + rotate_half(q) * sin with every tensor op rounded to bf16 (spec §1.13 item 4).
+    c = round_as<T>(c);
+    s = round_as<T>(s);
+    const float y1 = round_as<T>(x1 * c) - round_as<T>(x2 * s);
+    x2 = round_as<T>(x2 * c) + round_as<T>(x1 * s);
+    x1 = y1;
+  } else {
+    const float y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+    x2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+    x1 = y1;
+  }
 }
 
 // x [n_tok, n_heads, head_dim] in place; one thread per (token, head, pair j < head_dim / 2).
@@ -126,19 +223,69 @@ __global__ void rope_kernel(T* x, const int32_t* pos, const float* inv_freq, int
     float s, c;
     sincosf(static_cast<float>(pos[t]) * f, &s, &c);  // the angle is an f32 product, as in HF
     T* p = x + th * head_dim + j;
-    const float x1 = to_f32(p[0]), x2 = to_f32(p[half]);
-    if constexpr (sizeof(T) == 2) {
-      // bf16: q * cos + rotate_half(q) * sin with every tensor op rounded to bf16 (spec §1.13 item 4).
-      auto r = [](float v) { return __bfloat162float(__float2bfloat16_rn(v)); };
-      c = r(c);
-      s = r(s);
-      p[0] = from_f32<T>(r(x1 * c) - r(x2 * s));
-      p[half] = from_f32<T>(r(x2 * c) + r(x1 * s));
-    } else {
-      p[0] = from_f32<T>(x1 * c - x2 * s);
-      p[half] = from_f32<T>(x2 * c + x1 * s);
-    }
+    float x1 = to_f32(p[0]), x2 = to_f32(p[half]);
+    rope_pair<T>(x1, x2, c, s);
+    p[0] = from_f32<T>(x1);
+    p[half] = from_f32<T>(x2);
   }
+}
+
+__device__ __forceinline__ float weight_at(const NormWeight& w, int64_t i) {
+  if (w.data == nullptr) return 1.f;
+  if (w.dtype == DType::kBF16) return to_f32(static_cast<const bf16*>(w.data)[i]);
+  return static_cast<const float*>(w.data)[i];
+}
+
+// rms_norm + RoPE, one head per block: row `blockIdx.x` of x/out [n_tok * n_heads, head_dim]. Pass 1 is
+// rms_norm_kernel's reduction (same V, n_active threads); pass 2 gives one thread to each pair (j, j + half): the
+// norm output rounded to T, then rope_kernel's rotation. A thread writes only the pair it read, after the block-wide
+// reduction, so out may alias x.
+template <class T, int V>
+__global__ void rms_norm_rope_kernel(T* out, const T* x, NormWeight w, const int32_t* pos, const float* inv_freq,
+                                     int64_t n_heads, int64_t head_dim, int n_active, float eps) {
+  const int64_t row = blockIdx.x, half = head_dim / 2;
+  const T* xr = x + row * head_dim;
+  T* outr = out + row * head_dim;
+  const float inv = row_inv_rms<T, V>(xr, head_dim, n_active, eps);
+  const float p = static_cast<float>(pos[row / n_heads]);
+  for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
+    float x1 = round_as<T>(to_f32(xr[j]) * inv * weight_at(w, j));
+    float x2 = round_as<T>(to_f32(xr[j + half]) * inv * weight_at(w, j + half));
+    const float f = inv_freq[j];
+    if (f != 0.f) {  // a zero frequency (proportional RoPE) keeps the normed pair as it is
+      float s, c;
+      sincosf(p * f, &s, &c);
+      rope_pair<T>(x1, x2, c, s);
+    }
+    outr[j] = from_f32<T>(x1);
+    outr[j + half] = from_f32<T>(x2);
+  }
+}
+
+template <class T>
+Status rms_norm_rope_typed(const RmsNormArgs& a, cudaStream_t stream) {
+  const int64_t head_dim = a.x.dim(-1), rows = a.x.rows(), n_tok = a.rope_pos.numel();
+  if (rows == 0 || head_dim == 0) return ok_status();
+  const NormWeight w{a.weight.empty() ? nullptr : a.weight.data, a.weight.dtype};
+  const NormGeometry g = norm_geometry(a.x);
+  // Enough threads for one pair each (256 for head_dim 512), and never fewer than the reduction uses.
+  const int threads = static_cast<int>(
+      std::min<int64_t>(1024, std::max<int64_t>(g.threads, (head_dim / 2 + kWarp - 1) / kWarp * kWarp)));
+  auto* out = static_cast<T*>(a.out.data);
+  const auto* x = static_cast<const T*>(a.x.data);
+  const auto* pos = static_cast<const int32_t*>(a.rope_pos.data);
+  const auto* inv_freq = static_cast<const float*>(a.rope_inv_freq.data);
+  const auto grid = static_cast<unsigned>(rows);
+  const int64_t n_heads = rows / n_tok;
+  if (g.v == 8) {
+    rms_norm_rope_kernel<T, 8><<<grid, threads, 0, stream>>>(out, x, w, pos, inv_freq, n_heads, head_dim, g.threads,
+                                                             a.eps);
+  } else {
+    rms_norm_rope_kernel<T, 1><<<grid, threads, 0, stream>>>(out, x, w, pos, inv_freq, n_heads, head_dim, g.threads,
+                                                             a.eps);
+  }
+  TANDEM_CUDA_TRY_LAUNCH();
+  return ok_status();
 }
 
 }  // namespace
@@ -147,6 +294,15 @@ Status launch_rms_norm(const RmsNormArgs& a, cudaStream_t stream) {
   if (!a.weight.empty() && a.weight.dtype != DType::kBF16 && a.weight.dtype != DType::kF32)
     return unsupported(strfmt("cuda rms_norm: weight dtype %s (bf16 or f32 only)", dtype_name(a.weight.dtype)));
   const DType xt = a.x.dtype, ot = a.out.dtype;
+  if (!a.rope_pos.empty()) {
+    if (xt == DType::kBF16 && ot == DType::kBF16) return rms_norm_rope_typed<bf16>(a, stream);
+    if (xt == DType::kF32 && ot == DType::kF32) return rms_norm_rope_typed<float>(a, stream);
+    return unsupported(strfmt("cuda rms_norm with rope: x %s -> out %s (one of f32/bf16)", dtype_name(xt),
+                              dtype_name(ot)));
+  }
+  if (!a.residual.empty() && a.residual.dtype != ot)
+    return unsupported(strfmt("cuda rms_norm: residual %s for out %s (must match)", dtype_name(a.residual.dtype),
+                              dtype_name(ot)));
   if (xt == DType::kBF16 && ot == DType::kBF16) return rms_norm_typed<bf16, bf16>(a, stream);
   if (xt == DType::kF32 && ot == DType::kF32) return rms_norm_typed<float, float>(a, stream);
   if (xt == DType::kF32 && ot == DType::kBF16) return rms_norm_typed<float, bf16>(a, stream);

@@ -132,6 +132,13 @@ void rms_norm(const RmsNormArgs& a) {
     check_float(a.weight, "weight");
     TANDEM_CHECK(a.weight.numel() == dim);
   }
+  const bool has_res = !a.residual.empty(), has_rope = !a.rope_pos.empty() || !a.rope_inv_freq.empty();
+  if (has_res) {
+    check_float(a.residual, "residual");
+    TANDEM_CHECK(a.residual.numel() == a.out.numel());
+  }
+  // The epilogue stages round to out's dtype one by one, as the separate rms_norm, add and scale ops would.
+  const auto rounded = [&](double v) { return static_cast<double>(round_to(a.out.dtype, static_cast<float>(v))); };
   std::vector<double> row(static_cast<size_t>(dim));
   for (int64_t r = 0; r < rows; ++r) {
     double ss = 0;
@@ -142,8 +149,21 @@ void rms_norm(const RmsNormArgs& a) {
     const double inv = 1.0 / std::sqrt(ss / static_cast<double>(dim) + static_cast<double>(a.eps));
     for (int64_t d = 0; d < dim; ++d) {
       const double w = a.weight.empty() ? 1.0 : ld(a.weight, d);
-      st(a.out, r * dim + d, row[d] * inv * w);
+      double y = row[d] * inv * w;
+      if (has_res) y = ld(a.residual, r * dim + d) + rounded(y);
+      if (a.out_scale != 1.f) y = rounded(y) * a.out_scale;
+      st(a.out, r * dim + d, y);
     }
+  }
+  if (has_rope) {
+    // Then RoPE on the rounded norm output, by the reference rope itself.
+    TANDEM_CHECK_MSG(!has_res && a.out_scale == 1.f && a.out.dtype == a.x.dtype, "rms_norm with rope: residual %s, "
+                     "out_scale %g, x %s, out %s", has_res ? a.residual.describe().c_str() : "none",
+                     static_cast<double>(a.out_scale), a.x.describe().c_str(), a.out.describe().c_str());
+    const int64_t n_tok = a.rope_pos.numel();
+    TANDEM_CHECK(n_tok > 0 && rows % n_tok == 0);
+    rope({.x = Tensor::make(a.out.data, a.out.dtype, {n_tok, rows / n_tok, dim}, a.out.device), .pos = a.rope_pos,
+          .inv_freq = a.rope_inv_freq});
   }
 }
 
@@ -207,7 +227,8 @@ void attention(const AttentionArgs& a) {
   const int64_t n_kv = a.kv.k.ndim == 3 ? a.kv.k.shape[0] : 0;
   TANDEM_CHECK_MSG(n_kv > 0 && n_heads % n_kv == 0, "%lld query heads over %lld kv heads",
                    static_cast<long long>(n_heads), static_cast<long long>(n_kv));
-  check_kv(a.kv, n_kv, head_dim);
+  const KvView kv = host_attention_range(a);
+  check_kv(kv, n_kv, head_dim);
   TANDEM_CHECK(a.q_pos.numel() == n_tok && a.window >= 0);
   const int64_t group = n_heads / n_kv;
   std::vector<double> score;
@@ -217,7 +238,7 @@ void attention(const AttentionArgs& a) {
       const int64_t kvh = h / group, qbase = (t * n_heads + h) * head_dim;
       // Visible keys, by the rule of ops.h, one at a time.
       std::vector<int64_t> keys;
-      for (int64_t k = a.kv.begin; k < a.kv.end; ++k) {
+      for (int64_t k = kv.begin; k < kv.end; ++k) {
         const bool causal_ok = !a.causal || k <= qp;
         const bool window_ok = a.window == 0 || k > qp - a.window;
         if (causal_ok && window_ok) keys.push_back(k);
@@ -225,9 +246,9 @@ void attention(const AttentionArgs& a) {
       score.assign(keys.size(), 0.0);
       double mx = -std::numeric_limits<double>::infinity();
       for (size_t i = 0; i < keys.size(); ++i) {
-        const int64_t slot = a.kv.slot(keys[i]);
+        const int64_t slot = kv.slot(keys[i]);
         double dot = 0;
-        for (int64_t d = 0; d < head_dim; ++d) dot += ld(a.q, qbase + d) * ld(a.kv.k, kv_offset(a.kv.k, kvh, slot, d));
+        for (int64_t d = 0; d < head_dim; ++d) dot += ld(a.q, qbase + d) * ld(kv.k, kv_offset(kv.k, kvh, slot, d));
         score[i] = dot * a.scale;
         mx = std::max(mx, score[i]);
       }
@@ -239,7 +260,7 @@ void attention(const AttentionArgs& a) {
       for (int64_t d = 0; d < head_dim; ++d) {
         double acc = 0;
         for (size_t i = 0; i < keys.size(); ++i)
-          acc += score[i] * ld(a.kv.v, kv_offset(a.kv.v, kvh, a.kv.slot(keys[i]), d));
+          acc += score[i] * ld(kv.v, kv_offset(kv.v, kvh, kv.slot(keys[i]), d));
         st(a.out, qbase + d, keys.empty() ? 0.0 : acc / denom);  // no visible key: zeros, not 0/0
       }
     }

@@ -1,0 +1,211 @@
+// rms_norm's fused epilogues (ops.h) on the GPU: residual + out_scale over model-sized rows (67..5376), and RoPE on
+// heads of 64..512 with the default and proportional inverse-frequency tables of RopeSpec (spec §1.7). Each must equal
+// the separate GPU ops (rms_norm, add, scale / rms_norm, rope) bit for bit in bf16 and f32, with out aliasing x or
+// residual and with misaligned views, and match the reference kernels within the tolerances of cuda_fixture.h.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/strings.h"
+#include "cuda/cuda_fixture.h"
+#include "kernels/ref/ref.h"
+#include "model/gemma4_config.h"
+
+namespace tandem::testing {
+namespace {
+
+constexpr DType kBF16 = DType::kBF16;
+constexpr DType kF32 = DType::kF32;
+constexpr DType kI32 = DType::kI32;
+
+using CudaFusedNorm = CudaTest;
+
+bool same_bits(const HostTensor& a, const HostTensor& b) {
+  return a.t().nbytes() == b.t().nbytes() && std::memcmp(a.t().data, b.t().data, a.t().nbytes()) == 0;
+}
+
+// [rows, dim] view of `t`'s memory starting `offset` elements in (offset 1: not 16-byte aligned).
+Tensor view_at(const DeviceTensor& t, int64_t offset, int64_t rows, int64_t dim) {
+  char* p = static_cast<char*>(t.t().data) + offset * static_cast<int64_t>(dtype_size(t.t().dtype));
+  return Tensor::make(p, t.t().dtype, {rows, dim}, t.t().device);
+}
+
+// Host copy of a device view (downloads the whole backing tensor).
+HostTensor fetch(DeviceTensor& t, int64_t offset, int64_t rows, int64_t dim) {
+  t.download();
+  HostTensor h(t.t().dtype, {rows, dim});
+  std::memcpy(h.t().data, static_cast<const char*>(t.host().t().data) + offset * dtype_size(t.t().dtype),
+              h.t().nbytes());
+  return h;
+}
+
+TEST_F(CudaFusedNorm, ResidualAndScaleEqualSeparateOps) {
+  uint32_t seed = 1;
+  for (DType dt : {kBF16, kF32}) {
+    for (int64_t rows : {1, 3, 17}) {
+      for (int64_t dim : {67, 256, 1544, 2816, 5376}) {
+        for (int wk = 0; wk < 3; ++wk) {  // weightless, bf16 weight, f32 weight
+          for (bool residual : {true, false}) {
+            for (float s : {1.f, 0.37f}) {
+              SCOPED_TRACE(strfmt("%s rows %lld dim %lld weight %d residual %d scale %g", dtype_name(dt),
+                                  static_cast<long long>(rows), static_cast<long long>(dim), wk, residual,
+                                  static_cast<double>(s)));
+              DeviceTensor x(be(), dt, {rows, dim}), res(be(), dt, {rows, dim}), w(be(), wk == 2 ? kF32 : kBF16, {dim});
+              fill_random(x.host(), seed++);
+              fill_random(res.host(), seed++);
+              std::mt19937 rng(seed++);
+              w.host().fill_uniform(rng, 0.5f, 1.5f);
+              for (int64_t i = 0; i < res.host().numel(); ++i) res.host().set(i, res.host().get(i) * 8.f);
+              x.upload();
+              res.upload();
+              w.upload();
+              const Tensor weight = wk == 0 ? Tensor{} : w.t();
+              const Tensor res_t = residual ? res.t() : Tensor{};
+
+              // The unfused sequence of the model: rms_norm into a temporary, add into the stream, scale.
+              DeviceTensor y(be(), dt, {rows, dim}), sum(be(), dt, {rows, dim});
+              be().rms_norm({.out = y, .x = x, .weight = weight});
+              if (residual) be().add({.out = sum, .a = res, .b = y});
+              DeviceTensor& want = residual ? sum : y;
+              if (s != 1.f) be().scale({.x = want, .s = s});
+              want.download();
+
+              DeviceTensor got(be(), dt, {rows, dim});
+              got.poison();
+              be().rms_norm({.out = got, .x = x, .weight = weight, .residual = res_t, .out_scale = s});
+              got.download();
+              EXPECT_TRUE(same_bits(got.host(), want.host())) << "separate out";
+              HostTensor want_ref(dt, {rows, dim});
+              ref::rms_norm({.out = want_ref, .x = x.host(), .weight = wk == 0 ? Tensor{} : w.host().t(),
+                             .residual = residual ? res.host().t() : Tensor{}, .out_scale = s});
+              expect_close(got.host(), want_ref, tolerance_for(dt));
+
+              got.host().copy_from(x.host());  // out aliases x
+              got.upload();
+              be().rms_norm({.out = got, .x = got, .weight = weight, .residual = res_t, .out_scale = s});
+              got.download();
+              EXPECT_TRUE(same_bits(got.host(), want.host())) << "out == x";
+
+              if (residual) {
+                got.host().copy_from(res.host());  // out aliases residual: x = (x + norm(o)) * layer_scalar
+                got.upload();
+                be().rms_norm({.out = got, .x = x, .weight = weight, .residual = got, .out_scale = s});
+                got.download();
+                EXPECT_TRUE(same_bits(got.host(), want.host())) << "out == residual";
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaFusedNorm, MisalignedViewsEqualSeparateOps) {
+  // The reduction's geometry depends on x alone, so misaligned out/residual views (scalar stores) and a misaligned
+  // x (scalar everything) still give the bits of the separate ops on the same x.
+  const int64_t rows = 3, dim = 1544;
+  for (DType dt : {kBF16, kF32}) {
+    for (int64_t x_off : {0, 1}) {
+      SCOPED_TRACE(strfmt("%s x offset %lld", dtype_name(dt), static_cast<long long>(x_off)));
+      DeviceTensor xb(be(), dt, {rows * dim + 1}), rb(be(), dt, {rows * dim + 1}), w(be(), kBF16, {dim});
+      DeviceTensor y(be(), dt, {rows, dim}), want(be(), dt, {rows, dim}), gb(be(), dt, {rows * dim + 1});
+      fill_random(xb.host(), 11);
+      fill_random(rb.host(), 12);
+      fill_random(w.host(), 13);
+      xb.upload();
+      rb.upload();
+      w.upload();
+      const Tensor x = view_at(xb, x_off, rows, dim), r = view_at(rb, 1, rows, dim), out = view_at(gb, 1, rows, dim);
+      be().rms_norm({.out = y, .x = x, .weight = w});
+      be().add({.out = want, .a = r, .b = y});
+      be().scale({.x = want, .s = 1.25f});
+      want.download();
+      gb.poison();
+      be().rms_norm({.out = out, .x = x, .weight = w, .residual = r, .out_scale = 1.25f});
+      const HostTensor got = fetch(gb, 1, rows, dim);
+      EXPECT_TRUE(same_bits(got, want.host()));
+      EXPECT_TRUE(std::isnan(gb.host().get(0)));  // the element before the view is untouched
+    }
+  }
+}
+
+// Inverse-frequency tables as the model builds them (RopeTables uploads RopeSpec::inv_freq): sliding layers use
+// the default RoPE over 256 dims, full layers proportional RoPE over 512 with a quarter of the pairs rotated.
+HostTensor inv_freq_of(const RopeSpec& spec, int head_dim) {
+  const std::vector<float> f = spec.inv_freq(head_dim);
+  HostTensor t(kF32, {static_cast<int64_t>(f.size())});
+  for (size_t j = 0; j < f.size(); ++j) t.set(static_cast<int64_t>(j), f[j]);
+  return t;
+}
+
+TEST_F(CudaFusedNorm, RopeEqualsSeparateOps) {
+  const RopeSpec sliding{.kind = RopeKind::kDefault, .theta = 1e4};
+  const RopeSpec full{.kind = RopeKind::kProportional, .theta = 1e6, .partial_rotary_factor = 0.25};
+  struct Case {
+    int head_dim;
+    const RopeSpec* spec;
+  };
+  const Case cases[] = {{256, &sliding}, {512, &full}, {256, &full}, {512, &sliding}, {64, &sliding}, {66, &sliding}};
+  uint32_t seed = 100;
+  for (DType dt : {kBF16, kF32}) {
+    for (const Case& c : cases) {
+      for (int64_t n_tok : {1, 3, 17}) {
+        for (int64_t n_heads : {1, 8}) {
+          for (bool weighted : {true, false}) {
+            const int64_t hd = c.head_dim, half = hd / 2;
+            SCOPED_TRACE(strfmt("%s head_dim %d %s tokens %lld heads %lld weighted %d", dtype_name(dt), c.head_dim,
+                                c.spec == &full ? "proportional" : "default", static_cast<long long>(n_tok),
+                                static_cast<long long>(n_heads), weighted));
+            DeviceTensor x(be(), dt, {n_tok, n_heads, hd}), w(be(), kBF16, {hd}), pos(be(), kI32, {n_tok});
+            DeviceTensor inv(be(), kF32, {half});
+            inv.host().copy_from(inv_freq_of(*c.spec, c.head_dim));
+            fill_random(x.host(), seed++);
+            std::mt19937 rng(seed++);
+            w.host().fill_uniform(rng, 0.5f, 1.5f);
+            for (int64_t t = 0; t < n_tok; ++t) pos.host().seti(t, static_cast<int32_t>(rng() % 131072));
+            pos.host().seti(n_tok - 1, 131071);  // the largest angles of a 128k context
+            for (DeviceTensor* t : {&x, &w, &pos, &inv}) t->upload();
+            const Tensor weight = weighted ? w.t() : Tensor{};
+
+            DeviceTensor normed(be(), dt, {n_tok, n_heads, hd}), want(be(), dt, {n_tok, n_heads, hd});
+            be().rms_norm({.out = normed, .x = x, .weight = weight});
+            be().rms_norm({.out = want, .x = x, .weight = weight});
+            be().rope({.x = want, .pos = pos, .inv_freq = inv});
+            normed.download();
+            want.download();
+
+            DeviceTensor got(be(), dt, {n_tok, n_heads, hd});
+            got.poison();
+            be().rms_norm({.out = got, .x = x, .weight = weight, .rope_pos = pos, .rope_inv_freq = inv});
+            got.download();
+            EXPECT_TRUE(same_bits(got.host(), want.host())) << "separate out";
+            HostTensor want_ref(dt, {n_tok, n_heads, hd});
+            ref::rms_norm({.out = want_ref, .x = x.host(), .weight = weighted ? w.host().t() : Tensor{},
+                           .rope_pos = pos.host(), .rope_inv_freq = inv.host()});
+            expect_close(got.host(), want_ref, tolerance_for(dt));
+            // Unrotated pairs (zero frequency) hold the norm output exactly.
+            for (int64_t r = 0; r < n_tok * n_heads; ++r)
+              for (int64_t j = 0; j < half; ++j) {
+                if (inv.host().get(j) != 0.f) continue;
+                ASSERT_EQ(got.host().get(r * hd + j), normed.host().get(r * hd + j)) << r << " " << j;
+                ASSERT_EQ(got.host().get(r * hd + j + half), normed.host().get(r * hd + j + half)) << r << " " << j;
+              }
+
+            got.host().copy_from(x.host());  // out aliases x: q = rope(q_norm(q))
+            got.upload();
+            be().rms_norm({.out = got, .x = got, .weight = weight, .rope_pos = pos, .rope_inv_freq = inv});
+            got.download();
+            EXPECT_TRUE(same_bits(got.host(), want.host())) << "out == x";
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::testing
