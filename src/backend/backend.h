@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "backend/ops.h"
 #include "core/status.h"
@@ -22,6 +24,8 @@ class Backend : public Allocator {
   ~Backend() override = default;
 
   [[nodiscard]] virtual const char* name() const = 0;
+  // The hardware in words, for reports (e.g. "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)").
+  [[nodiscard]] virtual std::string describe_device() const { return name(); }
   [[nodiscard]] Device device() const override = 0;
   // Dtype of activations and of the KV cache this backend computes in (f32 on the CPU).
   [[nodiscard]] virtual DType activation_dtype() const = 0;
@@ -39,6 +43,18 @@ class Backend : public Allocator {
   virtual Status synchronize(StreamId stream = kDefaultStream) = 0;
   // The first asynchronous failure since the last call (ok if none), then cleared.
   virtual Status last_error() = 0;
+
+  // Graphs (CUDA graphs): capture() records the ops that `body` enqueues on the current stream into a replayable
+  // graph instead of running them, and returns its id; replay() runs it again on the current stream, reading the
+  // same buffers (their contents may change in between). body must not synchronize, allocate or free device
+  // memory, or copy from pageable host memory. Backends without graphs (the CPU) return kUnsupported from
+  // capture(); callers then run body directly.
+  using GraphId = int;
+  virtual Result<GraphId> capture(const std::function<Status()>& /*body*/) {
+    return unsupported(std::string("the ") + name() + " backend has no graphs");
+  }
+  virtual Status replay(GraphId /*graph*/) { return unsupported(std::string("the ") + name() + " backend has no graphs"); }
+  virtual void release_graph(GraphId /*graph*/) {}
 
   // Ops (ops.h).
   virtual void embedding(const EmbeddingArgs& a) = 0;

@@ -2,6 +2,7 @@
 #include "kv/kv_cache.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "core/strings.h"
 
@@ -10,7 +11,9 @@ namespace tandem {
 Result<KvCache> KvCache::create(std::vector<KvLayerSpec> layers, Backend& backend, const KvCacheOptions& opts) {
   if (opts.max_positions <= 0 || opts.max_tokens_per_forward <= 0)
     return invalid_argument("KV cache sizes must be positive");
+  static std::atomic<uint64_t> next_storage_id{1};
   KvCache c;
+  c.storage_id_ = next_storage_id.fetch_add(1);
   c.opts_ = opts;
   c.dtype_ = backend.activation_dtype();
   c.layers_.resize(layers.size());

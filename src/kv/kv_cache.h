@@ -39,6 +39,8 @@ class KvCache {
   [[nodiscard]] int64_t length() const { return length_; }
   [[nodiscard]] int64_t max_positions() const { return opts_.max_positions; }
   [[nodiscard]] int64_t max_tokens_per_forward() const { return opts_.max_tokens_per_forward; }
+  // Identifies this cache's storage (unique per create(); kept by moves): keys of graphs captured over it.
+  [[nodiscard]] uint64_t storage_id() const { return storage_id_; }
 
   // View of layer `layer`'s own storage (the layer must own KV) covering positions [begin, end), where end is
   // `end` and begin is the oldest position still stored.
@@ -70,6 +72,7 @@ class KvCache {
   std::vector<LayerStore> layers_;  // indexed by layer; empty stores for KV-shared layers
   int64_t length_ = 0;
   size_t bytes_ = 0;
+  uint64_t storage_id_ = 0;
 };
 
 }  // namespace tandem

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/log.h"
 #include "core/strings.h"
 
 namespace tandem {
@@ -25,17 +26,24 @@ struct Gemma4Assistant::Workspace {
   Buffer q, attn;                  // [1, n_heads * max_head_dim]
   Buffer gate, up;                 // [1, d_ff]
   Buffer logits;                   // [1, n_vocab]
-  Buffer tok, pos, amax;           // i32 [1]
+  Buffer tok, pos, amax, kv_end;   // i32 [1]
   Buffer centroid_logits;          // [1, n_centroids]
   Buffer cand_ids;                 // i32 [top_k * vocab_per_centroid]
   Buffer cand_emb;                 // [top_k * vocab_per_centroid, d_model]
   Buffer cand_logits;              // [1, top_k * vocab_per_centroid]
   std::vector<float> host_centroid, host_cand, host_full;
   std::vector<int32_t> host_cand_ids;
+  int32_t host_kv_end = 0;
 };
 
 Gemma4Assistant::Gemma4Assistant(Gemma4Model& target) : target_(target), backend_(target.backend()) {}
-Gemma4Assistant::~Gemma4Assistant() = default;
+Gemma4Assistant::~Gemma4Assistant() { drop_graphs(); }
+
+void Gemma4Assistant::drop_graphs() {
+  for (const auto& [cache, id] : graphs_) backend_.release_graph(id);
+  graphs_.clear();
+  seen_.clear();
+}
 
 Status Gemma4Assistant::check_compatible(const std::string& dir) const {
   Status s = check_assistant_compatible(target_.config(), cfg_);
@@ -106,7 +114,7 @@ Result<std::unique_ptr<Gemma4Assistant>> Gemma4Assistant::load_from(ModelConfig 
   TANDEM_TRY(alloc(ws->gate, static_cast<size_t>(max_ff) * act));
   TANDEM_TRY(alloc(ws->up, static_cast<size_t>(max_ff) * act));
   TANDEM_TRY(alloc(ws->logits, static_cast<size_t>(tc.n_vocab) * act));
-  for (Buffer* b : {&ws->tok, &ws->pos, &ws->amax}) TANDEM_TRY(alloc(*b, sizeof(int32_t)));
+  for (Buffer* b : {&ws->tok, &ws->pos, &ws->amax, &ws->kv_end}) TANDEM_TRY(alloc(*b, sizeof(int32_t)));
   if (m->head_ == DraftHeadKind::kCentroid) {
     const size_t n_cand = static_cast<size_t>(ac.centroid_top_k) * (tc.n_vocab / ac.n_centroids);
     TANDEM_TRY(alloc(ws->centroid_logits, static_cast<size_t>(ac.n_centroids) * act));
@@ -128,15 +136,56 @@ Status Gemma4Assistant::step(const DraftStepArgs& a, DraftStepResult* out) {
     return invalid_argument("draft step: the target cache must hold positions [0, kv_end)");
   if (a.token < 0 || a.token >= tc.n_vocab) return invalid_argument(strfmt("draft step: token id %d", a.token));
 
+  const Tensor u_hid = ws.u.view(act, {1, Ht}, static_cast<size_t>(Ht) * dtype_size(act));
+  const int32_t q_pos = static_cast<int32_t>(a.q_pos);
+  ws.host_kv_end = static_cast<int32_t>(a.kv_end);
+  TANDEM_TRY(backend_.copy(ws.tok.data(), &a.token, sizeof(int32_t), CopyKind::kHostToDevice));
+  TANDEM_TRY(backend_.copy(ws.pos.data(), &q_pos, sizeof(int32_t), CopyKind::kHostToDevice));
+  TANDEM_TRY(backend_.copy(ws.kv_end.data(), &ws.host_kv_end, sizeof(int32_t), CopyKind::kHostToDevice));
+  if (a.g_in) TANDEM_TRY(backend_.copy(u_hid.data, a.g_in->data, u_hid.nbytes(), CopyKind::kDeviceToDevice));
+
+  // The step's device work replays a CUDA graph per target cache once seen (it reads P and Pq from the device).
+  if (!target_.graphs_enabled() || graphs_failed_) {
+    if (!graphs_.empty()) drop_graphs();
+    TANDEM_TRY(run_step(a));
+  } else {
+    const uint64_t key = a.cache->storage_id();
+    auto it = graphs_.find(key);
+    if (it == graphs_.end() && seen_.count(key)) {
+      Result<Backend::GraphId> g = backend_.capture([&] { return run_step(a); });
+      if (g.ok()) {
+        it = graphs_.emplace(key, *g).first;
+      } else {
+        graphs_failed_ = true;  // eager from now on
+        if (g.status().code() != StatusCode::kUnsupported)
+          TANDEM_LOG_WARN("CUDA graphs off for the drafter: %s", g.status().to_string().c_str());
+      }
+    }
+    if (it != graphs_.end()) {
+      TANDEM_TRY(backend_.replay(it->second));
+    } else {
+      seen_.insert(key);
+      TANDEM_TRY(run_step(a));
+    }
+  }
+  out->g_out = u_hid;
+  if (head_ == DraftHeadKind::kCentroid) return centroid_head(ws.zn.view(act, {1, d}), a.full_logits, out);
+  TANDEM_TRY(backend_.copy(&out->argmax, ws.amax.data(), sizeof(int32_t), CopyKind::kDeviceToHost));
+  out->logits = a.full_logits ? ws.logits.view(act, {1, tc.n_vocab}) : Tensor();
+  return backend_.last_error();
+}
+
+// Embedding, the four Q-only layers, the final norm, post_projection and (dense heads) the LM head + argmax.
+Status Gemma4Assistant::run_step(const DraftStepArgs& a) {
+  const TextConfig& tc = cfg_.text;
+  const DType act = backend_.activation_dtype();
+  const int64_t Ht = cfg_.assistant->backbone_d_model, d = tc.d_model;
+  Workspace& ws = *ws_;
   const Tensor u = ws.u.view(act, {1, 2 * Ht});
   const Tensor u_emb = ws.u.view(act, {1, Ht});
   const Tensor u_hid = ws.u.view(act, {1, Ht}, static_cast<size_t>(Ht) * dtype_size(act));
-  const int32_t q_pos = static_cast<int32_t>(a.q_pos);
-  TANDEM_TRY(backend_.copy(ws.tok.data(), &a.token, sizeof(int32_t), CopyKind::kHostToDevice));
-  TANDEM_TRY(backend_.copy(ws.pos.data(), &q_pos, sizeof(int32_t), CopyKind::kHostToDevice));
   // Input = [target's scaled embedding of t, hidden] (spec §4.2: the TARGET table and scale, not the drafter's).
   target_.embed(ws.tok.view(DType::kI32, {1}), u_emb);
-  if (a.g_in) TANDEM_TRY(backend_.copy(u_hid.data, a.g_in->data, u_hid.nbytes(), CopyKind::kDeviceToDevice));
 
   const Tensor z = ws.z.view(act, {1, d});
   const Tensor zn = ws.zn.view(act, {1, d});
@@ -152,18 +201,18 @@ Status Gemma4Assistant::step(const DraftStepArgs& a, DraftStepResult* out) {
     backend_.rms_norm({.out = zn, .x = z, .weight = lw.input_norm, .eps = tc.rms_eps});
     const Tensor q = ws.q.view(act, {1, nh, hd});
     backend_.linear({.out = q.reshape({1, nh * hd}), .x = zn, .w = lw.attn.q_proj});
-    backend_.rms_norm({.out = q, .x = q, .weight = lw.attn.q_norm, .eps = tc.rms_eps});
-    backend_.rope({.x = q, .pos = pos, .inv_freq = inv_freq});
+    backend_.rms_norm(  // q = RoPE(q_norm(q)), one op (ops.h)
+        {.out = q, .x = q, .weight = lw.attn.q_norm, .eps = tc.rms_eps, .rope_pos = pos, .rope_inv_freq = inv_freq});
     // The query at Pq = P sees target keys [0, P): all of them on the full layer, the newest W+1 on sliding
     // layers (drafter_sliding_window).
     const int src = target_.text().shared_kv_layer(ls.attn);
     const Tensor attn = ws.attn.view(act, {1, nh, hd});
     backend_.attention({.out = attn, .q = q, .kv = a.cache->view(src, a.kv_end), .q_pos = pos,
+                        .kv_end = ws.kv_end.view(DType::kI32, {1}),
                         .window = ls.attn == AttnType::kSliding ? drafter_sliding_window(ls.window) : 0,
                         .causal = true, .scale = 1.f});
     backend_.linear({.out = o, .x = attn.reshape({1, nh * hd}), .w = lw.attn.o_proj});
-    backend_.rms_norm({.out = o, .x = o, .weight = lw.post_attn_norm, .eps = tc.rms_eps});
-    backend_.add({.out = z, .a = z, .b = o});
+    backend_.rms_norm({.out = z, .x = o, .weight = lw.post_attn_norm, .eps = tc.rms_eps, .residual = z});
     const Tensor gate = ws.gate.view(act, {1, ls.d_ff});
     const Tensor up = ws.up.view(act, {1, ls.d_ff});
     backend_.rms_norm({.out = zn, .x = z, .weight = lw.pre_ffn_norm, .eps = tc.rms_eps});
@@ -171,22 +220,18 @@ Status Gemma4Assistant::step(const DraftStepArgs& a, DraftStepResult* out) {
     backend_.linear({.out = up, .x = zn, .w = lw.mlp.up});
     backend_.gelu_mul({.out = gate, .gate = gate, .up = up});
     backend_.linear({.out = f, .x = gate, .w = lw.mlp.down});
-    backend_.rms_norm({.out = f, .x = f, .weight = lw.post_ffn_norm, .eps = tc.rms_eps});
-    backend_.add({.out = z, .a = z, .b = f});
-    backend_.scale({.x = z, .s = layer_scalar_[static_cast<size_t>(k)]});
+    // z = (z + norm(f)) * layer_scalar: the scalar multiplies the whole output, residual included (spec §1.5).
+    backend_.rms_norm({.out = z, .x = f, .weight = lw.post_ffn_norm, .eps = tc.rms_eps, .residual = z,
+                       .out_scale = layer_scalar_[static_cast<size_t>(k)]});
   }
   backend_.rms_norm({.out = zn, .x = z, .weight = w_.final_norm, .eps = tc.rms_eps});
   // Next step's hidden = post_projection(normed output), written straight into the input slot it feeds.
   backend_.linear({.out = u_hid, .x = zn, .w = w_.post_projection});
-  out->g_out = u_hid;
-
-  if (head_ == DraftHeadKind::kCentroid) return centroid_head(zn, a.full_logits, out);
+  if (head_ == DraftHeadKind::kCentroid) return ok_status();  // its cluster top-k runs on the host (centroid_head)
   const Tensor logits = ws.logits.view(act, {1, tc.n_vocab});
   backend_.linear({.out = logits, .x = zn, .w = head_ == DraftHeadKind::kUntiedDense ? w_.lm_head : w_.embed});
   backend_.argmax({.out = ws.amax.view(DType::kI32, {1}), .x = logits});
-  TANDEM_TRY(backend_.copy(&out->argmax, ws.amax.data(), sizeof(int32_t), CopyKind::kDeviceToHost));
-  out->logits = a.full_logits ? logits : Tensor();
-  return backend_.last_error();
+  return ok_status();
 }
 
 Status Gemma4Assistant::centroid_head(const Tensor& zf, bool full_logits, DraftStepResult* out) {

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -60,6 +62,8 @@ class Gemma4Assistant {
   explicit Gemma4Assistant(Gemma4Model& target);
   Status check_compatible(const std::string& dir) const;
   Status centroid_head(const Tensor& zf, bool full_logits, DraftStepResult* out);
+  Status run_step(const DraftStepArgs& a);  // the device work of step() after its inputs are uploaded
+  void drop_graphs();
 
   Gemma4Model& target_;
   Backend& backend_;
@@ -71,6 +75,10 @@ class Gemma4Assistant {
   std::vector<int32_t> token_ordering_;  // host copy [n_vocab]: row r of the [C, V/C] view = cluster r's tokens
   RopeTables rope_;
   std::unique_ptr<Workspace> ws_;
+  // CUDA graphs of run_step, one per target cache (graphs on or off with the target's, Gemma4Model::set_graphs).
+  std::map<uint64_t, Backend::GraphId> graphs_;
+  std::set<uint64_t> seen_;
+  bool graphs_failed_ = false;
 };
 
 }  // namespace tandem

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 
 #include "core/log.h"
 #include "core/strings.h"
@@ -33,13 +35,34 @@ struct Gemma4Model::Workspace {
   Buffer ple;          // [n_layers, rows, ple_dim]
   Buffer ple_tmp;      // [rows, ple_dim]
   Buffer ids, pos;     // i32 [rows]
+  Buffer kv_end;       // i32 [1]: cache length after this forward (attention reads it on the device)
   Buffer hidden;       // [out_rows, d_model]
   Buffer logits;       // [out_rows, n_vocab]
   std::vector<int32_t> host_ids, host_pos;
+  int32_t host_kv_end = 0;
 };
 
-Gemma4Model::Gemma4Model(Backend& backend) : backend_(backend) {}
-Gemma4Model::~Gemma4Model() = default;
+namespace {
+// Largest single-sequence forward replayed from a CUDA graph (decode, verify blocks, short prompt chunks).
+constexpr int64_t kMaxGraphRows = 16;
+}  // namespace
+
+Gemma4Model::Gemma4Model(Backend& backend) : backend_(backend) {
+  const char* env = std::getenv("TANDEM_GRAPHS");
+  graphs_on_ = !(env && std::string_view(env) == "0");
+}
+Gemma4Model::~Gemma4Model() { drop_graphs(); }
+
+void Gemma4Model::set_graphs(bool on) {
+  if (!on) drop_graphs();
+  graphs_on_ = on;
+}
+
+void Gemma4Model::drop_graphs() {
+  for (const auto& [key, id] : graphs_) backend_.release_graph(id);
+  graphs_.clear();
+  seen_.clear();
+}
 
 Result<std::unique_ptr<Gemma4Model>> Gemma4Model::load(const std::string& dir, Backend& backend,
                                                        const LoadOptions& opts) {
@@ -113,6 +136,7 @@ Status Gemma4Model::ensure_workspace(int64_t rows, int64_t out_rows) {
   const size_t act = dtype_size(backend_.activation_dtype());
   auto grow = [&](Buffer& b, size_t bytes) -> Status {
     if (b.size() >= bytes && b.data()) return ok_status();
+    drop_graphs();  // captured graphs point at the old buffers
     TANDEM_ASSIGN_OR_RETURN(b, backend_.alloc(std::max<size_t>(bytes, 64)));
     return ok_status();
   };
@@ -140,6 +164,7 @@ Status Gemma4Model::ensure_workspace(int64_t rows, int64_t out_rows) {
     }
     TANDEM_TRY(grow(ws.ids, r * sizeof(int32_t)));
     TANDEM_TRY(grow(ws.pos, r * sizeof(int32_t)));
+    TANDEM_TRY(grow(ws.kv_end, sizeof(int32_t)));
     ws.rows = rows;
   }
   if (out_rows > ws.out_rows) {
@@ -195,8 +220,6 @@ Status Gemma4Model::forward(std::span<const SequenceInput> batch, ForwardOutputs
 }
 
 Status Gemma4Model::forward_chunk(std::span<const SequenceInput> batch, int64_t out_row0) {
-  const TextConfig& tc = cfg_.text;
-  const DType act = backend_.activation_dtype();
   int64_t rows = 0, n_out = 0;
   for (const SequenceInput& in : batch) {
     rows += static_cast<int64_t>(in.tokens.size());
@@ -216,6 +239,43 @@ Status Gemma4Model::forward_chunk(std::span<const SequenceInput> batch, int64_t 
   }
   TANDEM_TRY(backend_.copy(ws.ids.data(), ws.host_ids.data(), rows * sizeof(int32_t), CopyKind::kHostToDevice));
   TANDEM_TRY(backend_.copy(ws.pos.data(), ws.host_pos.data(), rows * sizeof(int32_t), CopyKind::kHostToDevice));
+  ws.host_kv_end = static_cast<int32_t>(batch[0].cache->length() + rows);
+  TANDEM_TRY(backend_.copy(ws.kv_end.data(), &ws.host_kv_end, sizeof(int32_t), CopyKind::kHostToDevice));
+
+  // Small single-sequence forwards replay a CUDA graph: everything below reads the cache length from the device.
+  const bool graphable = graphs_on_ && batch.size() == 1 && out_row0 == 0 && rows <= kMaxGraphRows;
+  if (!graphable) {
+    TANDEM_TRY(run_chunk(batch, rows, n_out, out_row0));
+  } else {
+    const GraphKey key{rows, n_out, batch[0].cache->storage_id()};
+    auto it = graphs_.find(key);
+    if (it == graphs_.end() && seen_.count(key)) {
+      Result<Backend::GraphId> g = backend_.capture([&] { return run_chunk(batch, rows, n_out, out_row0); });
+      if (g.ok()) {
+        it = graphs_.emplace(key, *g).first;
+      } else if (g.status().code() == StatusCode::kUnsupported) {
+        graphs_on_ = false;  // a backend without graphs: never try again
+      } else {
+        TANDEM_LOG_WARN("CUDA graphs off for this model: %s", g.status().to_string().c_str());
+        drop_graphs();
+        graphs_on_ = false;
+      }
+    }
+    if (it != graphs_.end()) {
+      TANDEM_TRY(backend_.replay(it->second));
+    } else {
+      seen_.insert(key);
+      TANDEM_TRY(run_chunk(batch, rows, n_out, out_row0));
+    }
+  }
+  for (const SequenceInput& in : batch) in.cache->commit(in.cache->length() + static_cast<int64_t>(in.tokens.size()));
+  return backend_.last_error();
+}
+
+Status Gemma4Model::run_chunk(std::span<const SequenceInput> batch, int64_t rows, int64_t n_out, int64_t out_row0) {
+  const TextConfig& tc = cfg_.text;
+  const DType act = backend_.activation_dtype();
+  Workspace& ws = *ws_;
   const Tensor ids = ws.ids.view(DType::kI32, {rows});
   const Tensor x = ws.x.view(act, {rows, tc.d_model});
 
@@ -236,9 +296,9 @@ Status Gemma4Model::forward_chunk(std::span<const SequenceInput> batch, int64_t 
       backend_.embedding({.out = pl, .table = table, .ids = ids, .scale = ple_embed_scale_});
       // Context part: rows [i*P, (i+1)*P) of per_layer_model_projection, scaled by d_model^-0.5, normed over P.
       backend_.linear({.out = tmp, .x = x, .w = w_.ple_model_proj.slice(i * P, (i + 1) * P), .alpha = proj_scale});
-      backend_.rms_norm({.out = tmp, .x = tmp, .weight = w_.ple_proj_norm, .eps = tc.rms_eps});
-      backend_.add({.out = pl, .a = tmp, .b = pl});
-      backend_.scale({.x = pl, .s = mix_scale});
+      // pl = (norm(tmp) + pl) * 2^-0.5, each stage rounded as the separate ops would be.
+      backend_.rms_norm({.out = pl, .x = tmp, .weight = w_.ple_proj_norm, .eps = tc.rms_eps, .residual = pl,
+                         .out_scale = mix_scale});
     }
   }
 
@@ -260,8 +320,7 @@ Status Gemma4Model::forward_chunk(std::span<const SequenceInput> batch, int64_t 
     backend_.linear({.out = logits, .x = hidden_all.slice(out_row0, out_row0 + n_out), .w = w_.embed});
     if (tc.final_logit_softcap) backend_.softcap({.x = logits, .cap = *tc.final_logit_softcap});
   }
-  for (const SequenceInput& in : batch) in.cache->commit(in.cache->length() + static_cast<int64_t>(in.tokens.size()));
-  return backend_.last_error();
+  return ok_status();
 }
 
 Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, int64_t rows) {
@@ -280,8 +339,9 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
   backend_.rms_norm({.out = xn, .x = x, .weight = lw.input_norm, .eps = tc.rms_eps});
   const Tensor q = ws.q.view(act, {rows, nh, hd});
   backend_.linear({.out = q.reshape({rows, nh * hd}), .x = xn, .w = lw.attn.q_proj});
-  backend_.rms_norm({.out = q, .x = q, .weight = lw.attn.q_norm, .eps = tc.rms_eps});
-  backend_.rope({.x = q, .pos = pos, .inv_freq = inv_freq});
+  // q = RoPE(q_norm(q)) in one op (ops.h: the same bits as rms_norm then rope).
+  backend_.rms_norm(
+      {.out = q, .x = q, .weight = lw.attn.q_norm, .eps = tc.rms_eps, .rope_pos = pos, .rope_inv_freq = inv_freq});
   if (ls.owns_kv) {
     const Tensor k = ws.k.view(act, {rows, nkv, hd});
     const Tensor v = ws.v.view(act, {rows, nkv, hd});
@@ -292,8 +352,8 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
     } else {
       backend_.linear({.out = v.reshape({rows, nkv * hd}), .x = xn, .w = lw.attn.v_proj});
     }
-    backend_.rms_norm({.out = k, .x = k, .weight = lw.attn.k_norm, .eps = tc.rms_eps});
-    backend_.rope({.x = k, .pos = pos, .inv_freq = inv_freq});
+    backend_.rms_norm(
+        {.out = k, .x = k, .weight = lw.attn.k_norm, .eps = tc.rms_eps, .rope_pos = pos, .rope_inv_freq = inv_freq});
     backend_.rms_norm({.out = v, .x = v, .weight = Tensor(), .eps = tc.rms_eps});  // weightless v_norm
     int64_t r = 0;
     for (const SequenceInput& in : batch) {
@@ -310,13 +370,14 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
     // Scale 1.0: q_norm/k_norm replace 1/sqrt(d) (spec §1.6). Sliding layers: q - W < k <= q (spec §1.8).
     backend_.attention({.out = attn.slice(r, r + n), .q = q.slice(r, r + n),
                         .kv = in.cache->attention_view(i, in.cache->length() + n), .q_pos = pos.slice(r, r + n),
+                        .kv_end = batch.size() == 1 ? ws.kv_end.view(DType::kI32, {1}) : Tensor(),
                         .window = ls.attn == AttnType::kSliding ? ls.window : 0, .causal = true, .scale = 1.f});
     r += n;
   }
   const Tensor o = ws.o.view(act, {rows, d});
   backend_.linear({.out = o, .x = attn.reshape({rows, nh * hd}), .w = lw.attn.o_proj});
-  backend_.rms_norm({.out = o, .x = o, .weight = lw.post_attn_norm, .eps = tc.rms_eps});
-  backend_.add({.out = x, .a = x, .b = o});
+  // x = x + norm(o): the residual add fused into the post-attention norm (ops.h; the same bits as norm then add).
+  backend_.rms_norm({.out = x, .x = o, .weight = lw.post_attn_norm, .eps = tc.rms_eps, .residual = x});
 
   // Feed-forward block: dense GeGLU (+ MoE on 26B-A4B), spec §1.9, §1.10.
   const Tensor f = ws.f.view(act, {rows, d});
@@ -331,8 +392,8 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
     backend_.rms_norm({.out = f, .x = f, .weight = lw.moe.post_ffn_norm_1, .eps = tc.rms_eps});
     // Router on the raw residual: weightless norm * router.scale * d_model^-0.5, then softmax/top-k/renorm.
     const Tensor z = ws.y2.view(act, {rows, d});
-    backend_.rms_norm({.out = z, .x = x, .weight = lw.moe.router_scale, .eps = tc.rms_eps});
-    backend_.scale({.x = z, .s = static_cast<float>(std::pow(static_cast<double>(d), -0.5))});
+    backend_.rms_norm({.out = z, .x = x, .weight = lw.moe.router_scale, .eps = tc.rms_eps,
+                       .out_scale = static_cast<float>(std::pow(static_cast<double>(d), -0.5))});
     const Tensor router = ws.router.view(act, {rows, tc.n_experts});
     backend_.linear({.out = router, .x = z, .w = lw.moe.router_proj});
     const Tensor idx = ws.moe_idx.view(DType::kI32, {rows, tc.top_k_experts});
@@ -344,11 +405,13 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
     const Tensor f2 = ws.f2.view(act, {rows, d});
     backend_.moe_experts({.out = f2, .x = y2, .gate_up = lw.moe.gate_up, .down = lw.moe.down, .idx = idx,
                           .weights = wts});
-    backend_.rms_norm({.out = f2, .x = f2, .weight = lw.moe.post_ffn_norm_2, .eps = tc.rms_eps});
-    backend_.add({.out = f, .a = f, .b = f2});
+    backend_.rms_norm({.out = f, .x = f2, .weight = lw.moe.post_ffn_norm_2, .eps = tc.rms_eps, .residual = f});
   }
-  backend_.rms_norm({.out = f, .x = f, .weight = lw.post_ffn_norm, .eps = tc.rms_eps});
-  backend_.add({.out = x, .a = x, .b = f});
+  // x = x + norm(f), times layer_scalar here unless the per-layer-input block still follows (spec §1.5: the scalar
+  // multiplies the whole output, residual included, after that block).
+  const float layer_scalar = layer_scalar_[static_cast<size_t>(i)];
+  backend_.rms_norm({.out = x, .x = f, .weight = lw.post_ffn_norm, .eps = tc.rms_eps, .residual = x,
+                     .out_scale = tc.ple_dim > 0 ? 1.f : layer_scalar});
 
   if (tc.ple_dim > 0) {
     // Per-layer input: x += norm(proj(gelu(gate(x)) * ple_i)) (spec §1.4).
@@ -358,11 +421,9 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
     backend_.linear({.out = pg, .x = x, .w = lw.ple.gate});
     backend_.gelu_mul({.out = pg, .gate = pg, .up = pl});
     backend_.linear({.out = o, .x = pg, .w = lw.ple.proj});
-    backend_.rms_norm({.out = o, .x = o, .weight = lw.ple.post_norm, .eps = tc.rms_eps});
-    backend_.add({.out = x, .a = x, .b = o});
+    backend_.rms_norm({.out = x, .x = o, .weight = lw.ple.post_norm, .eps = tc.rms_eps, .residual = x,
+                       .out_scale = layer_scalar});
   }
-  // layer_scalar multiplies the whole output, residual included (spec §1.5).
-  backend_.scale({.x = x, .s = layer_scalar_[static_cast<size_t>(i)]});
   return ok_status();
 }
 

@@ -3,8 +3,11 @@
 // post-norm hidden states for the rows asked for (spec §1, §5.1). The KV caches belong to the caller.
 #pragma once
 
+#include <compare>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -65,10 +68,20 @@ class Gemma4Model {
   void embed(const Tensor& ids, const Tensor& out);
   [[nodiscard]] float embed_scale() const { return embed_scale_; }
 
+  // CUDA graphs for small single-sequence forwards (decode, verify): on by default where the backend has graphs,
+  // unless the environment sets TANDEM_GRAPHS=0. A forward shape is captured the second time it is seen and
+  // replayed from then on; growing the workspace drops the graphs.
+  void set_graphs(bool on);
+  [[nodiscard]] bool graphs_enabled() const { return graphs_on_; }
+  [[nodiscard]] size_t graph_count() const { return graphs_.size(); }
+
  private:
   struct Workspace;
   explicit Gemma4Model(Backend& backend);
   Status forward_chunk(std::span<const SequenceInput> batch, int64_t out_row0);
+  // The device work of forward_chunk after the inputs are uploaded (what a graph captures).
+  Status run_chunk(std::span<const SequenceInput> batch, int64_t rows, int64_t n_out, int64_t out_row0);
+  void drop_graphs();
   Status ensure_workspace(int64_t rows, int64_t out_rows);
   Status layer_forward(int layer, std::span<const SequenceInput> batch, int64_t rows);
 
@@ -81,6 +94,14 @@ class Gemma4Model {
   float ple_embed_scale_ = 1.f;           // bf16(sqrt(ple_dim))
   RopeTables rope_;
   std::unique_ptr<Workspace> ws_;
+  struct GraphKey {
+    int64_t rows, n_out;
+    uint64_t cache;
+    auto operator<=>(const GraphKey&) const = default;
+  };
+  bool graphs_on_ = true;
+  std::map<GraphKey, Backend::GraphId> graphs_;
+  std::set<GraphKey> seen_;  // shapes run once eagerly (plans and buffers exist): the next one is captured
 };
 
 // Rounds `value` to the representable value of `dtype` (bf16/f16: RNE; f32: itself), as torch's

@@ -29,8 +29,9 @@ TEST_F(CudaMemory, Identity) {
   EXPECT_TRUE(be().supports(Op::kLinear, DType::kBF16));
   EXPECT_TRUE(be().supports(Op::kRmsNorm, DType::kF32));
   EXPECT_FALSE(be().supports(Op::kLinear, DType::kF16));
-  EXPECT_FALSE(be().supports(Op::kAttention, DType::kBF16));
-  EXPECT_FALSE(be().supports(Op::kMoeExperts, DType::kBF16));
+  EXPECT_TRUE(be().supports(Op::kAttention, DType::kBF16));
+  EXPECT_TRUE(be().supports(Op::kMoeExperts, DType::kBF16));
+  EXPECT_FALSE(be().supports(Op::kMoeExperts, DType::kF16));
   std::printf("device: %s, sm_%d%d, %.1f GiB\n", be().properties().name, be().properties().major,
               be().properties().minor, static_cast<double>(be().properties().totalGlobalMem) / (1 << 30));
 }

@@ -73,15 +73,22 @@ Status CudaBackend::init() {
                               props_.name, props_.major, props_.minor, TANDEM_CUDA_ARCHS, image.message().c_str()));
   }
   TANDEM_TRY(add_stream());
-  TANDEM_ASSIGN_OR_RETURN(gemm_, Gemm::create());
+  TANDEM_ASSIGN_OR_RETURN(gemm_, Gemm::create(props_.multiProcessorCount));
   TANDEM_LOG_DEBUG("cuda:%d: %s, sm_%d%d, %s", index_, props_.name, props_.major, props_.minor,
                    human_bytes(props_.totalGlobalMem).c_str());
   return ok_status();
 }
 
+std::string CudaBackend::describe_device() const {
+  return strfmt("%s (sm_%d%d, %d SMs, %s)", props_.name, props_.major, props_.minor, props_.multiProcessorCount,
+                human_bytes(props_.totalGlobalMem).c_str());
+}
+
 CudaBackend::~CudaBackend() {
   if (cudaSetDevice(index_) != cudaSuccess) return;  // no context left to clean up
   for (const StreamState& s : streams_) (void)cudaStreamSynchronize(s.stream);
+  for (cudaGraphExec_t g : graphs_)
+    if (g) (void)cudaGraphExecDestroy(g);
   gemm_.reset();
   for (const StreamState& s : streams_) {
     if (s.workspace) (void)cudaFree(s.workspace);
@@ -105,6 +112,7 @@ Status CudaBackend::add_stream() {
 }
 
 bool CudaBackend::activate() {
+  if (capturing_) return true;  // capture() made the device current; no runtime calls inside a capture
   Status st = TANDEM_CUDA_STATUS(cudaSetDevice(index_));
   if (st.ok()) return true;
   record(std::move(st));
@@ -207,6 +215,55 @@ Status CudaBackend::last_error() {
   return TANDEM_CUDA_STATUS(cudaGetLastError());
 }
 
+// ---- graphs ----
+
+Result<Backend::GraphId> CudaBackend::capture(const std::function<Status()>& body) {
+  TANDEM_CHECK_MSG(!capturing_, "cuda: nested graph capture");
+  TANDEM_CUDA_TRY(cudaSetDevice(index_));
+  TANDEM_TRY(std::exchange(pending_, Status()));  // an earlier failure is reported, not captured over
+  const cudaStream_t stream = cuda_stream(current_);
+  TANDEM_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  capturing_ = true;
+  Status st = body();
+  capturing_ = false;
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  if (st.ok()) st = std::exchange(pending_, Status());
+  if (st.ok()) st = TANDEM_CUDA_STATUS(end);
+  cudaGraphExec_t exec = nullptr;
+  if (st.ok()) st = TANDEM_CUDA_STATUS(cudaGraphInstantiate(&exec, graph, 0));
+  if (graph) (void)cudaGraphDestroy(graph);
+  if (!st.ok()) {
+    (void)cudaGetLastError();  // a failed capture leaves no sticky error behind
+    pending_ = Status();
+    return std::move(st).with_context("capturing a CUDA graph");
+  }
+  for (size_t i = 0; i < graphs_.size(); ++i) {
+    if (!graphs_[i]) {
+      graphs_[i] = exec;
+      return static_cast<GraphId>(i);
+    }
+  }
+  graphs_.push_back(exec);
+  return static_cast<GraphId>(graphs_.size() - 1);
+}
+
+Status CudaBackend::replay(GraphId graph) {
+  if (graph < 0 || static_cast<size_t>(graph) >= graphs_.size() || !graphs_[static_cast<size_t>(graph)])
+    return invalid_argument(strfmt("cuda: no graph %d", graph));
+  TANDEM_CUDA_TRY(cudaSetDevice(index_));
+  TANDEM_CUDA_TRY(cudaGraphLaunch(graphs_[static_cast<size_t>(graph)], cuda_stream(current_)));
+  return ok_status();
+}
+
+void CudaBackend::release_graph(GraphId graph) {
+  if (graph < 0 || static_cast<size_t>(graph) >= graphs_.size() || !graphs_[static_cast<size_t>(graph)]) return;
+  if (!activate()) return;
+  // A replay may still run: cudaGraphExecDestroy defers the release until it completes.
+  record(TANDEM_CUDA_STATUS(cudaGraphExecDestroy(graphs_[static_cast<size_t>(graph)])));
+  graphs_[static_cast<size_t>(graph)] = nullptr;
+}
+
 Result<LinearPath> CudaBackend::linear_path(const LinearArgs& a) {
   TANDEM_CUDA_TRY(cudaSetDevice(index_));
   return gemm_->choose(a);
@@ -216,7 +273,7 @@ Result<LinearPath> CudaBackend::linear_path(const LinearArgs& a) {
 
 void CudaBackend::embedding(const EmbeddingArgs& a) {
   expect_gpu(a.out, index_, "embedding", "out");
-  expect_gpu(a.table, index_, "embedding", "table");
+  expect_gpu(a.table, index_, "embedding", "table", /*contiguous=*/false);  // row-strided PLE column slices
   expect_gpu(a.ids, index_, "embedding", "ids");
   expect_i32(a.ids, "embedding", "ids");
   TANDEM_CHECK_MSG(a.table.ndim == 2 && a.out.rows() == a.ids.numel() && a.out.dim(-1) == a.table.dim(1),
@@ -247,6 +304,23 @@ void CudaBackend::rms_norm(const RmsNormArgs& a) {
     expect_gpu(a.weight, index_, "rms_norm", "weight");
     TANDEM_CHECK_MSG(a.weight.numel() == a.x.dim(-1), "cuda rms_norm: weight %s for x %s",
                      a.weight.describe().c_str(), a.x.describe().c_str());
+  }
+  if (!a.residual.empty()) {
+    expect_gpu(a.residual, index_, "rms_norm", "residual");
+    TANDEM_CHECK_MSG(a.residual.numel() == a.out.numel(), "cuda rms_norm: residual %s for out %s",
+                     a.residual.describe().c_str(), a.out.describe().c_str());
+  }
+  if (!a.rope_pos.empty() || !a.rope_inv_freq.empty()) {
+    expect_gpu(a.rope_pos, index_, "rms_norm", "rope_pos");
+    expect_gpu(a.rope_inv_freq, index_, "rms_norm", "rope_inv_freq");
+    expect_i32(a.rope_pos, "rms_norm", "rope_pos");
+    const int64_t head_dim = a.x.dim(-1), n_tok = a.rope_pos.numel();
+    TANDEM_CHECK_MSG(a.residual.empty() && a.out_scale == 1.f && head_dim % 2 == 0 && n_tok > 0 &&
+                         a.x.rows() % n_tok == 0 && a.rope_inv_freq.dtype == DType::kF32 &&
+                         a.rope_inv_freq.numel() == head_dim / 2,
+                     "cuda rms_norm with rope: x %s, pos %s, inv_freq %s, residual %s, out_scale %g",
+                     a.x.describe().c_str(), a.rope_pos.describe().c_str(), a.rope_inv_freq.describe().c_str(),
+                     a.residual.empty() ? "none" : a.residual.describe().c_str(), static_cast<double>(a.out_scale));
   }
   if (activate()) record(launch_rms_norm(a, cuda_stream(current_)));
 }
@@ -344,6 +418,12 @@ void CudaBackend::attention(const AttentionArgs& a) {
                    "cuda attention: positions [%lld, %lld) in %s storage of capacity %lld",
                    static_cast<long long>(kv.begin), static_cast<long long>(kv.end), kv.ring ? "ring" : "full",
                    static_cast<long long>(kv.capacity()));
+  if (!a.kv_end.empty()) {  // the range end read on the device at run time (graph replays at any length)
+    expect_gpu(a.kv_end, index_, "attention", "kv_end");
+    expect_i32(a.kv_end, "attention", "kv_end");
+    TANDEM_CHECK_MSG(a.kv_end.numel() == 1, "cuda attention: kv_end %s must hold one i32",
+                     a.kv_end.describe().c_str());
+  }
   if (activate()) record(launch_attention(a, scratch(), cuda_stream(current_)));
 }
 

@@ -28,6 +28,7 @@ class CudaBackend final : public Backend {
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   [[nodiscard]] const char* name() const override { return "cuda"; }
+  [[nodiscard]] std::string describe_device() const override;
   [[nodiscard]] Device device() const override { return Device{DeviceKind::kCuda, index_}; }
   [[nodiscard]] DType activation_dtype() const override { return DType::kBF16; }
   [[nodiscard]] bool supports(Op op, DType weight_dtype) const override;
@@ -43,6 +44,10 @@ class CudaBackend final : public Backend {
   // Waits for `stream`; returns its failure, else the first recorded op failure (then cleared).
   Status synchronize(StreamId stream = kDefaultStream) override;
   Status last_error() override;
+
+  Result<GraphId> capture(const std::function<Status()>& body) override;
+  Status replay(GraphId graph) override;
+  void release_graph(GraphId graph) override;
 
   void embedding(const EmbeddingArgs& a) override;
   void linear(const LinearArgs& a) override;
@@ -64,6 +69,8 @@ class CudaBackend final : public Backend {
   // Which implementation linear(a) would use (plans the cuBLASLt call on first use of a shape).
   Result<LinearPath> linear_path(const LinearArgs& a);
   [[nodiscard]] size_t gemm_plan_count() const { return gemm_->plan_count(); }
+  // Decode/verify products on tandem's GEMV kernel (default) or on cuBLASLt (gemm.h).
+  void set_gemv(bool on) { gemm_->set_gemv(on); }
   [[nodiscard]] const cudaDeviceProp& properties() const { return props_; }
 
  private:
@@ -88,6 +95,8 @@ class CudaBackend final : public Backend {
   StreamId current_ = kDefaultStream;
   std::unique_ptr<Gemm> gemm_;
   Status pending_;
+  bool capturing_ = false;                 // inside capture(): ops skip cudaSetDevice
+  std::vector<cudaGraphExec_t> graphs_;    // by GraphId; released slots are null
 };
 
 }  // namespace tandem::cuda
