@@ -1,15 +1,18 @@
 // CUDA op lab (design.md §2, llm.c style): measures the device-to-device copy bandwidth as the floor, then times
 // linear() at Gemma 4 31B's MLP shape [T, 5376] x [21504, 5376]^T bf16 (decode GEMV and verify/prefill sizes) and
-// rms_norm, then attention (31B full/sliding decode and verify) and MoE (26B-A4B routing + experts), printing
-// achieved GB/s (TFLOP/s for the large GEMM) and the ratio to the floor measured in this run.
+// rms_norm, its fused epilogues at decode size, then attention (31B full/sliding decode and verify) and MoE (26B-A4B
+// routing + experts), printing achieved GB/s (TFLOP/s for the large GEMM) and the ratio to the floor measured in
+// this run.
 // Usage: cuda_bench [--quick]. Exits 0 with a message when there is no GPU, 1 on any device error.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -54,8 +57,9 @@ void report(const char* label, double ms, double bytes, double copy_gbs) {
 }
 
 // attention() at Gemma 4 31B's shapes: the full layer (32 query heads on 4 KV heads, head_dim 512) over a long
-// context for decode (1 query, split-K) and verify (4 queries), and the sliding layer (16 KV heads, head_dim 256,
-// window 1024 over a ring) for decode. The bytes are the K/V rows the queries see, read once.
+// context for decode (1 query, split-K) and verify (4 and 9 queries: 3 and 8 drafts), and the sliding layer (16 KV
+// heads, head_dim 256, window 1024 over a ring) for decode and a 9-query verify. The bytes are the K/V rows the
+// queries see, read once (the floor: those bytes over the measured copy bandwidth).
 bool bench_attention(CudaBackend& be, int iters, double copy_gbs) {
   struct Shape {
     const char* label;
@@ -65,8 +69,10 @@ bool bench_attention(CudaBackend& be, int iters, double copy_gbs) {
   const Shape shapes[] = {
       {"attention full decode ctx 32768 (31B)", 1, 32, 4, 512, 32768, 32768, 0, false},
       {"attention full verify 4 tok ctx 32768 (31B)", 4, 32, 4, 512, 32768, 32768, 0, false},
+      {"attention full verify 9 tok ctx 32768 (31B)", 9, 32, 4, 512, 32768, 32768, 0, false},
       {"attention full decode ctx 4096 (31B)", 1, 32, 4, 512, 4096, 4096, 0, false},
       {"attention sliding decode W 1024 (31B)", 1, 32, 16, 256, 32768, 1024 + 1 + 256, 1024, true},
+      {"attention sliding verify 9 tok W 1024 (31B)", 9, 32, 16, 256, 32768, 1024 + 1 + 256, 1024, true},
   };
   for (const Shape& sh : shapes) {
     const size_t kv_elems = static_cast<size_t>(sh.n_kv * sh.capacity * sh.head_dim);
@@ -85,7 +91,8 @@ bool bench_attention(CudaBackend& be, int iters, double copy_gbs) {
                              .q = q.view(DType::kBF16, {sh.n_tok, sh.n_heads, sh.head_dim}), .kv = kv,
                              .q_pos = pos.view(DType::kI32, {sh.n_tok}), .window = sh.window};
     const double ms = time_ms(be, 3, iters, [&] { be.attention(args); });
-    const int64_t keys = sh.window > 0 ? std::min(sh.window, sh.context) : sh.context;
+    // Keys any query sees: the window slides by one per query (window + n_tok - 1 in all), else the context.
+    const int64_t keys = sh.window > 0 ? std::min(sh.window + sh.n_tok - 1, sh.context) : sh.context;
     report(sh.label, ms, 2.0 * 2.0 * static_cast<double>(sh.n_kv * keys * sh.head_dim), copy_gbs);
   }
   return be.synchronize().ok();
@@ -126,6 +133,45 @@ bool bench_moe(CudaBackend& be, int iters, double copy_gbs) {
   return be.synchronize().ok();
 }
 
+// rms_norm's fused epilogues (ops.h) at decode size against the separate ops they replace (launch-bound: the
+// microseconds per layer that fusion saves): 31B's post-FFN norm + residual + layer_scalar on one token [1, 5376],
+// and q_norm + RoPE of its full layer [1, 32, 512]. Prints fused vs unfused time per call.
+bool bench_fused_norm(CudaBackend& be, int iters) {
+  const int64_t d = 5376, nh = 32, hd = 512;
+  Buffer x = be.alloc(d * 2).value(), f = be.alloc(d * 2).value(), y = be.alloc(d * 2).value();
+  Buffer w = be.alloc(d * 2).value(), q = be.alloc(nh * hd * 2).value(), pos = be.alloc(4).value();
+  Buffer inv = be.alloc(hd / 2 * 4).value();
+  if (!fill_bf16(be, x, d) || !fill_bf16(be, f, d) || !fill_bf16(be, w, d) || !fill_bf16(be, q, nh * hd)) return false;
+  std::vector<float> freq(hd / 2, 0.f);
+  for (int j = 0; j < 64; ++j) freq[static_cast<size_t>(j)] = std::pow(1e6f, -2.f * static_cast<float>(j) / hd);
+  const int32_t p = 1000;
+  if (!be.copy(inv.data(), freq.data(), freq.size() * 4, CopyKind::kHostToDevice).ok() ||
+      !be.copy(pos.data(), &p, 4, CopyKind::kHostToDevice).ok() || !be.synchronize().ok())
+    return false;
+  const Tensor xt = x.view(DType::kBF16, {1, d}), ft = f.view(DType::kBF16, {1, d}), yt = y.view(DType::kBF16, {1, d});
+  const Tensor wt = w.view(DType::kBF16, {d}), qt = q.view(DType::kBF16, {1, nh, hd}), wq = w.view(DType::kBF16, {hd});
+  const Tensor pt = pos.view(DType::kI32, {1}), it = inv.view(DType::kF32, {hd / 2});
+  const double res_sep = time_ms(be, 10, iters, [&] {
+    be.rms_norm({.out = yt, .x = ft, .weight = wt});
+    be.add({.out = xt, .a = xt, .b = yt});
+    be.scale({.x = xt, .s = 0.5f});
+  });
+  const double res_fused = time_ms(be, 10, iters, [&] {
+    be.rms_norm({.out = xt, .x = ft, .weight = wt, .residual = xt, .out_scale = 0.5f});
+  });
+  const double rope_sep = time_ms(be, 10, iters, [&] {
+    be.rms_norm({.out = qt, .x = qt, .weight = wq});
+    be.rope({.x = qt, .pos = pt, .inv_freq = it});
+  });
+  const double rope_fused = time_ms(
+      be, 10, iters, [&] { be.rms_norm({.out = qt, .x = qt, .weight = wq, .rope_pos = pt, .rope_inv_freq = it}); });
+  std::printf("%-44s %10.4f ms fused, %10.4f ms as rms_norm+add+scale\n", "norm+residual+scale [1,5376] bf16",
+              res_fused, res_sep);
+  std::printf("%-44s %10.4f ms fused, %10.4f ms as rms_norm+rope\n", "q_norm+rope [1,32,512] bf16", rope_fused,
+              rope_sep);
+  return be.synchronize().ok();
+}
+
 int run(bool quick) {
   auto made = CudaBackend::create(0);
   if (!made.ok()) {
@@ -154,26 +200,35 @@ int run(bool quick) {
   std::printf("\n%-44s %10s %10s %10s %12s\n", "op", "ms", "GB/s", "TFLOP/s", "floor ratio");
   std::printf("%-44s %10.3f %10.0f %10s %12s\n", "copy D2D 1 GiB (read + write)", copy_ms, copy_gbs, "-", "1.00");
 
-  const int64_t n_out = 21504, n_in = 5376;
-  Buffer w = be.alloc(static_cast<size_t>(n_out * n_in) * 2).value();
-  if (!fill_bf16(be, w, static_cast<size_t>(n_out * n_in))) return 1;
-  const int64_t max_tok = 512;
-  Buffer x = be.alloc(static_cast<size_t>(max_tok * n_in) * 2).value();
-  Buffer out = be.alloc(static_cast<size_t>(max_tok * n_out) * 2).value();
-  if (!fill_bf16(be, x, static_cast<size_t>(max_tok * n_in))) return 1;
-  for (int64_t n_tok : {1, 2, 4, 8, 16, 512}) {
-    const LinearArgs args{.out = out.view(DType::kBF16, {n_tok, n_out}), .x = x.view(DType::kBF16, {n_tok, n_in}),
-                          .w = w.view(DType::kBF16, {n_out, n_in})};
-    const auto path = be.linear_path(args);
-    const double ms = time_ms(be, 3, iters, [&] { be.linear(args); });
-    const double bytes = 2.0 * static_cast<double>(n_out * n_in + n_tok * n_in + n_tok * n_out);
-    const double gbs = bytes / (ms * 1e6), tflops = 2.0 * n_tok * n_out * n_in / (ms * 1e9);
-    char label[96];
-    std::snprintf(label, sizeof label, "linear [%lld,5376]x[21504,5376]^T bf16 %s", static_cast<long long>(n_tok),
-                  path.ok() ? cuda::linear_path_name(*path) : "?");
-    // Floor ratio: measured time over the time the copy bandwidth needs to move the same bytes once.
-    std::printf("%-44s %10.3f %10.0f %10.1f %12.2f\n", label, ms, gbs, tflops, ms / (bytes / (copy_gbs * 1e6)));
+  // 31B's gate/up [21504, 5376] and down [5376, 21504] (both 231 MB, far over the 60 MB L2): the GEMV kernel and
+  // cuBLASLt at every decode/verify size, cuBLASLt alone beyond.
+  const int64_t max_tok = 512, max_w = int64_t{21504} * 5376;
+  Buffer w = be.alloc(static_cast<size_t>(max_w) * 2).value();
+  if (!fill_bf16(be, w, static_cast<size_t>(max_w))) return 1;
+  Buffer x = be.alloc(static_cast<size_t>(max_tok * 21504) * 2).value();
+  Buffer out = be.alloc(static_cast<size_t>(max_tok * 21504) * 2).value();
+  if (!fill_bf16(be, x, static_cast<size_t>(max_tok * 21504))) return 1;
+  for (const auto& [n_out, n_in] : {std::pair<int64_t, int64_t>{21504, 5376}, {5376, 21504}}) {
+    for (int64_t n_tok : {1, 2, 4, 5, 8, 9, 16, 512}) {
+      for (bool gemv : {true, false}) {
+        if (!gemv && n_tok > 9) continue;
+        be.set_gemv(gemv);
+        const LinearArgs args{.out = out.view(DType::kBF16, {n_tok, n_out}), .x = x.view(DType::kBF16, {n_tok, n_in}),
+                              .w = w.view(DType::kBF16, {n_out, n_in})};
+        const auto path = be.linear_path(args);
+        const double ms = time_ms(be, 3, iters, [&] { be.linear(args); });
+        const double bytes = 2.0 * static_cast<double>(n_out * n_in + n_tok * n_in + n_tok * n_out);
+        const double gbs = bytes / (ms * 1e6), tflops = 2.0 * n_tok * n_out * n_in / (ms * 1e9);
+        char label[96];
+        std::snprintf(label, sizeof label, "linear [%lld,%lld]x[%lld,%lld]^T %s", static_cast<long long>(n_tok),
+                      static_cast<long long>(n_in), static_cast<long long>(n_out), static_cast<long long>(n_in),
+                      path.ok() ? cuda::linear_path_name(*path) : "?");
+        // Floor ratio: measured time over the time the copy bandwidth needs to move the same bytes once.
+        std::printf("%-44s %10.3f %10.0f %10.1f %12.2f\n", label, ms, gbs, tflops, ms / (bytes / (copy_gbs * 1e6)));
+      }
+    }
   }
+  be.set_gemv(true);
   w.reset();
   x.reset();
   out.reset();
@@ -191,9 +246,9 @@ int run(bool quick) {
 
   nx.reset();
   ny.reset();
-  if (!bench_attention(be, iters, copy_gbs) || !bench_moe(be, iters, copy_gbs)) {
+  if (!bench_fused_norm(be, iters) || !bench_attention(be, iters, copy_gbs) || !bench_moe(be, iters, copy_gbs)) {
     const Status err = be.synchronize();
-    std::printf("cuda_bench: attention/moe failed: %s\n", err.ok() ? "setup" : err.to_string().c_str());
+    std::printf("cuda_bench: fused norm/attention/moe failed: %s\n", err.ok() ? "setup" : err.to_string().c_str());
     return 1;
   }
 

@@ -84,13 +84,23 @@ Result<GenerationResult> Generator::generate(std::span<const int32_t> prompt, co
   std::vector<float> rows, probs;
   std::vector<std::vector<float>> q_probs;
   bool done = opts.max_new_tokens == 0;
+  // Greedy: the argmax of every logits row is taken on the device; only the token ids come back.
+  TANDEM_ASSIGN_OR_RETURN(Buffer amax_dev, be.alloc(static_cast<size_t>(max_k + 1) * sizeof(int32_t)));
+  std::vector<int32_t> amax(static_cast<size_t>(max_k + 1));
+  auto device_argmax = [&](const ForwardOutputs& out, int64_t n_rows) -> Status {
+    be.argmax({.out = amax_dev.view(DType::kI32, {n_rows}), .x = out.logits.slice(0, n_rows)});
+    TANDEM_TRY(be.copy(amax.data(), amax_dev.data(), static_cast<size_t>(n_rows) * sizeof(int32_t),
+                       CopyKind::kDeviceToHost));
+    return be.synchronize();
+  };
 
   // Picks the target's token from logits row r of `out` (argmax or a draw from the processed distribution).
   auto select = [&](const ForwardOutputs& out, int64_t r, int32_t* tok) -> Status {
-    TANDEM_TRY(rows_to_host(be, out.logits, r, r + 1, &rows));
     if (opts.sampling.greedy()) {
-      *tok = argmax(rows);
+      TANDEM_TRY(device_argmax(out, r + 1));
+      *tok = amax[static_cast<size_t>(r)];
     } else {
+      TANDEM_TRY(rows_to_host(be, out.logits, r, r + 1, &rows));
       processed_probs(rows, opts.sampling, &probs);
       *tok = sample(probs, target_rng);
     }
@@ -164,8 +174,9 @@ Result<GenerationResult> Generator::generate(std::span<const int32_t> prompt, co
     int n = 0;
     int32_t next = 0;
     if (opts.sampling.greedy()) {
+      TANDEM_TRY(device_argmax(out, k + 1));
       for (; n <= k; ++n) {
-        TANDEM_TRY(select(out, n, &next));
+        next = amax[static_cast<size_t>(n)];
         if (n == k || next != block[static_cast<size_t>(n) + 1]) break;
       }
     } else {

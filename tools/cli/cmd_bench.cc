@@ -75,29 +75,35 @@ struct Row {
   std::string ratio_to;
 };
 
-Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* header) {
+Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* header, std::string* machine) {
   if (o.model.empty() == o.arch.empty()) return invalid_argument("give exactly one of --model and --arch");
   if (o.iters < 1 || o.context < 1 || o.max_k < 1 || o.max_k > 16) return invalid_argument("--iters, --context >= 1; --max-k 1..16");
   TANDEM_ASSIGN_OR_RETURN(auto be, open_backend(o.device, o.threads));
+  *machine = be->describe_device();
   ProgressBar bar("loading target");
   LoadOptions lo{.progress = [&](uint64_t d, uint64_t t) { bar.update(d, t); }};
   std::unique_ptr<Gemma4Model> target;
   std::unique_ptr<Gemma4Assistant> drafter;
   std::string name = o.model;
+  double load_s = 0;  // target load: config + binding + placing the weights on the device
   if (!o.arch.empty()) {
     name = o.arch + " (random bf16 weights)";
     TANDEM_ASSIGN_OR_RETURN(ModelConfig cfg, arch_config(o.arch, false));
     std::fprintf(stderr, "tandem bench: building %s of random %s weights\n",
                  human_bytes(synthetic_weight_bytes(cfg)).c_str(), o.arch.c_str());
     TANDEM_ASSIGN_OR_RETURN(WeightStore ws, make_random_weights(cfg, 1));
+    const auto t_load = Clock::now();
     TANDEM_ASSIGN_OR_RETURN(target, Gemma4Model::load_from(std::move(cfg), std::move(ws), o.arch, *be, lo));
+    load_s = seconds_since(t_load);
     if (!o.no_draft) {
       TANDEM_ASSIGN_OR_RETURN(ModelConfig dcfg, arch_config(o.arch, true));
       TANDEM_ASSIGN_OR_RETURN(WeightStore dws, make_random_weights(dcfg, 2));
       TANDEM_ASSIGN_OR_RETURN(drafter, Gemma4Assistant::load_from(std::move(dcfg), std::move(dws), o.arch + "-assistant", *target));
     }
   } else {
+    const auto t_load = Clock::now();
     TANDEM_ASSIGN_OR_RETURN(target, Gemma4Model::load(o.model, *be, lo));
+    load_s = seconds_since(t_load);
     if (!o.draft.empty()) {
       TANDEM_ASSIGN_OR_RETURN(drafter, Gemma4Assistant::load(o.draft, *target));
     }
@@ -107,9 +113,17 @@ Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* hea
   const double bytes_tok = static_cast<double>(weight_bytes_per_token(target->config(), tw));
   TANDEM_ASSIGN_OR_RETURN(double bw, measure_bandwidth(*be));
   const double floor_ms = 1e3 * bytes_tok / bw;
-  *header = strfmt("%s on %s | weights read per token %s | measured bandwidth %.1f GB/s | floor %.3f ms/token",
-                   name.c_str(), be->name(), human_bytes(static_cast<uint64_t>(bytes_tok)).c_str(), bw / 1e9, floor_ms);
+  const size_t kv_bytes = KvCache::bytes_per_position(target->kv_layout(), be->activation_dtype());
+  *header = strfmt("%s on %s | weights read per token %s | KV cache %s per token | measured bandwidth %.1f GB/s | "
+                   "floor %.3f ms/token",
+                   name.c_str(), be->name(), human_bytes(static_cast<uint64_t>(bytes_tok)).c_str(),
+                   human_bytes(kv_bytes).c_str(), bw / 1e9, floor_ms);
 
+  if (!be->device().is_cpu()) {
+    const double bytes = static_cast<double>(synthetic_weight_bytes(target->config()));
+    rows->push_back({strfmt("load target: %s onto the device (%.1f GB/s)", human_bytes(static_cast<uint64_t>(bytes)).c_str(),
+                            bytes / load_s / 1e9), load_s * 1e3, 0, ""});
+  }
   const int V = target->text().n_vocab;
   std::mt19937 rng(7);
   auto random_tokens = [&](int n) {
@@ -125,30 +139,46 @@ Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* hea
     TANDEM_TRY(target->forward(std::span(&in, 1), &out));
     return be->synchronize();
   };
-  // Prefill throughput.
+  // Prefill throughput (the second of two runs: the first plans the GEMMs and grows the workspace).
   const std::vector<int32_t> prompt = random_tokens(o.context);
+  TANDEM_TRY(fwd(prompt, 1));
+  cache.clear();
   auto t0 = Clock::now();
   TANDEM_TRY(fwd(prompt, 1));
   const double prefill_s = seconds_since(t0);
   rows->push_back({strfmt("prefill %d tokens (%.0f tok/s)", o.context, o.context / prefill_s), prefill_s * 1e3, 0, ""});
-  // Decode: one token per forward, committed.
-  std::vector<double> dec;
-  for (int i = 0; i < o.iters + 2; ++i) {
-    t0 = Clock::now();
-    TANDEM_TRY(fwd(random_tokens(1), 1));
-    if (i >= 2) dec.push_back(seconds_since(t0));
+  // Decode: one token per forward, committed; eagerly first where the backend has graphs, then from graphs.
+  auto time_decode = [&](double* ms) -> Status {
+    std::vector<double> dec;
+    for (int i = 0; i < o.iters + 3; ++i) {  // the first two run eagerly and capture
+      t0 = Clock::now();
+      TANDEM_TRY(fwd(random_tokens(1), 1));
+      if (i >= 3) dec.push_back(seconds_since(t0));
+    }
+    *ms = 1e3 * median(dec);
+    return ok_status();
+  };
+  const bool graphs = target->graphs_enabled() && !be->device().is_cpu();
+  if (graphs) {
+    target->set_graphs(false);
+    double eager_ms = 0;
+    TANDEM_TRY(time_decode(&eager_ms));
+    rows->push_back({strfmt("decode 1 token, no graphs (%.1f tok/s)", 1e3 / eager_ms), eager_ms, eager_ms / floor_ms, "floor"});
+    target->set_graphs(true);
   }
-  const double decode_ms = 1e3 * median(dec);
-  rows->push_back({strfmt("decode 1 token (%.1f tok/s)", 1e3 / decode_ms), decode_ms, decode_ms / floor_ms, "floor"});
+  double decode_ms = 0;
+  TANDEM_TRY(time_decode(&decode_ms));
+  rows->push_back({strfmt("decode 1 token%s (%.1f tok/s)", graphs ? ", graphs" : "", 1e3 / decode_ms), decode_ms,
+                   decode_ms / floor_ms, "floor"});
   // Verify passes of T tokens, rolled back each time.
   std::vector<double> verify_ms(static_cast<size_t>(o.max_k) + 2, 0);
   for (int T = 2; T <= o.max_k + 1; ++T) {
     std::vector<double> v;
-    for (int i = 0; i < o.iters; ++i) {
+    for (int i = 0; i < o.iters + 2; ++i) {  // two untimed: an eager run and a graph capture
       const int64_t len = cache.length();
       t0 = Clock::now();
       TANDEM_TRY(fwd(random_tokens(T), T));
-      v.push_back(seconds_since(t0));
+      if (i >= 2) v.push_back(seconds_since(t0));
       TANDEM_TRY(cache.truncate(len));
     }
     verify_ms[static_cast<size_t>(T)] = 1e3 * median(v);
@@ -171,7 +201,7 @@ Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* hea
   rows->push_back({"draft step", draft_ms, draft_ms / decode_ms, "decode"});
   for (int k = 2; k <= o.max_k; ++k) {
     std::vector<double> v;
-    for (int i = 0; i < o.iters; ++i) {
+    for (int i = 0; i < o.iters + 2; ++i) {
       TANDEM_TRY(fwd(random_tokens(1), 1));  // fresh hidden for the round's first step
       const Tensor g0 = out.hidden;
       const int64_t p = cache.length();
@@ -185,7 +215,7 @@ Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* hea
         block.push_back(t);
       }
       TANDEM_TRY(fwd(block, k + 1));
-      v.push_back(seconds_since(t0));
+      if (i >= 2) v.push_back(seconds_since(t0));
       TANDEM_TRY(cache.truncate(p));
     }
     const double ms = 1e3 * median(v);
@@ -204,10 +234,10 @@ std::string machine_name() {
 
 int bench_main(const BenchOptions& o, const std::string& command) {
   std::vector<Row> rows;
-  std::string header;
-  Status s = run_bench(o, &rows, &header);
+  std::string header, machine;
+  Status s = run_bench(o, &rows, &header, &machine);
   if (!s.ok()) return fail("bench", s);
-  const std::string machine = o.device == "cpu" ? strfmt("%s, %d threads", machine_name().c_str(), omp_get_max_threads()) : o.device;
+  if (o.device == "cpu") machine = strfmt("%s, %d threads", machine_name().c_str(), omp_get_max_threads());
   std::printf("%s\nmachine: %s\n\n%-40s %12s %12s\n", header.c_str(), machine.c_str(), "measure", "ms", "ratio");
   for (const Row& r : rows)
     std::printf("%-40s %12.3f %12s\n", r.what.c_str(), r.ms,

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The GPU lab: one device call that builds, checks and times everything on the GPU machine (H200, no network).
+#   1. scripts/device/gpu-check.sh: Release build for sm_90a, every test through ctest (CPU and CUDA), cuda_bench;
+#   2. the CUDA model tests' measured lines ([bf16 ...], [graphs] ...);
+#   3. the demo pair on the GPU (`tandem generate --device cuda --compare`);
+#   4. `tandem bench --device cuda --arch A` for each released architecture (random bf16 weights in GPU memory).
+# Writes logs and RESULTS-gpu.md (the bench tables, to be appended to bench/RESULTS.md) under $OUT, snapshotting
+# them after each step so that a run cut short still returns what it measured. Needs .deps/ carried
+# (scripts/prepare-device-deps.sh). Time budget: GPU_LAB_BUDGET_S seconds (default 560); steps that no longer fit
+# are skipped and reported. GPU_LAB_ARCHS overrides the architectures benched.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+start=$SECONDS
+budget=${GPU_LAB_BUDGET_S:-560}
+out=${OUT:?set OUT to the folder for logs}
+work=$(mktemp -d)
+mkdir -p "$work/logs"
+left() { echo $((budget - (SECONDS - start))); }
+snap() { tar czf "$out/logs.tgz" -C "$work" logs; }
+summary=()
+
+run_step() {  # name, seconds wanted, log, command...
+  local name=$1 want=$2 log=$3
+  shift 3
+  local t
+  t=$(left)
+  if [ "$t" -lt "$want" ]; then
+    summary+=("$name: SKIPPED (${t}s left, wants ${want}s)")
+    return 1
+  fi
+  local s0=$SECONDS
+  timeout "$t" "$@" >"$work/logs/$log" 2>&1
+  local rc=$?
+  summary+=("$name: rc $rc ($((SECONDS - s0))s)")
+  snap
+  return $rc
+}
+
+OUT=$work/logs/gpu GPU_CHECK_BUDGET_S=${GPU_CHECK_BUDGET_S:-200} run_step gpu-check 60 gpu-check.txt \
+  bash scripts/device/gpu-check.sh
+B=build-gpu
+if [ -x $B/tests/cuda/cuda_model_test ]; then
+  run_step cuda_model_test 20 cuda_model_test.txt $B/tests/cuda/cuda_model_test
+fi
+run_step demo 20 demo_cuda.txt $B/tandem generate --device cuda --model models/demo/target \
+  --draft models/demo/assistant --prompt "And God said unto Moses," --max-tokens 200 --draft-tokens 3 --compare \
+  --repeat 5 --ignore-eos
+for arch in ${GPU_LAB_ARCHS:-gemma4-e2b gemma4-e4b gemma4-26b-a4b gemma4-31b}; do
+  run_step "bench $arch" 60 "bench_$arch.txt" $B/tandem bench --device cuda --arch "$arch" --iters 10 --max-k 8 \
+    --results "$work/logs/RESULTS-gpu.md"
+done
+snap
+
+echo "=== gpu-check"
+tail -n 16 "$work/logs/gpu-check.txt"
+echo "=== model tests"
+grep -E '^\[(bf16|graphs)|DIVERGES|FAILED' "$work/logs/cuda_model_test.txt" 2>/dev/null | head -40
+echo "=== demo"
+tail -n 4 "$work/logs/demo_cuda.txt" 2>/dev/null
+for f in "$work"/logs/bench_*.txt; do
+  [ -f "$f" ] && { echo "=== $(basename "$f")"; grep -vE "^tandem bench: building|loading" "$f" | tail -n 28; }
+done
+echo "=== gpu-lab summary ($((SECONDS - start))s)"
+for l in "${summary[@]}"; do echo "  $l"; done
