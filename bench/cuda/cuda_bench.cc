@@ -212,7 +212,7 @@ int run(bool quick) {
     for (int64_t n_tok : {1, 2, 4, 5, 8, 9, 16, 512}) {
       for (bool gemv : {true, false}) {
         if (!gemv && n_tok > 9) continue;
-        be.set_gemv(gemv);
+        be.set_gemv_mode(gemv ? cuda::GemvMode::kOn : cuda::GemvMode::kOff);
         const LinearArgs args{.out = out.view(DType::kBF16, {n_tok, n_out}), .x = x.view(DType::kBF16, {n_tok, n_in}),
                               .w = w.view(DType::kBF16, {n_out, n_in})};
         const auto path = be.linear_path(args);
@@ -228,7 +228,7 @@ int run(bool quick) {
       }
     }
   }
-  be.set_gemv(true);
+  be.set_gemv_mode(cuda::GemvMode::kAuto);
   w.reset();
   x.reset();
   out.reset();

@@ -30,7 +30,8 @@ void check_linear(cuda::CudaBackend& be, const Case& c, int64_t n_tok, bool accu
   SCOPED_TRACE(strfmt("T %lld K %lld N %lld x %s w %s out %s accumulate %d gemv %d", static_cast<long long>(n_tok),
                       static_cast<long long>(c.n_in), static_cast<long long>(c.n_out), dtype_name(c.x),
                       dtype_name(c.w), dtype_name(c.out), accumulate, gemv));
-  be.set_gemv(gemv);
+  const cuda::GemvMode before = be.gemv_mode();
+  be.set_gemv_mode(gemv ? cuda::GemvMode::kOn : cuda::GemvMode::kOff);
   DeviceTensor x(be, c.x, {n_tok, c.n_in}), w(be, c.w, {c.n_out, c.n_in}), out(be, c.out, {n_tok, c.n_out});
   fill_random(x.host(), seed);
   fill_random(w.host(), seed + 1);
@@ -47,8 +48,9 @@ void check_linear(cuda::CudaBackend& be, const Case& c, int64_t n_tok, bool accu
   const float alpha = accumulate ? 0.5f : 1.f;
   struct RestoreGemv {
     cuda::CudaBackend& be;
-    ~RestoreGemv() { be.set_gemv(true); }
-  } restore{be};
+    cuda::GemvMode mode;
+    ~RestoreGemv() { be.set_gemv_mode(mode); }
+  } restore{be, before};
   const LinearArgs args{.out = out, .x = x, .w = w, .alpha = alpha, .accumulate = accumulate};
   Result<LinearPath> path = be.linear_path(args);
   ASSERT_TRUE(path.ok()) << path.status().to_string();
@@ -153,6 +155,46 @@ TEST_F(CudaLinear, BatchedInputAndPlanCache) {
   HostTensor want(kBF16, {2, 29, 264});
   ref::linear({.out = want, .x = x.host(), .w = w.host()});
   expect_close(out.host(), want, tolerance_for(kBF16, true));
+}
+
+}  // namespace
+}  // namespace tandem::testing
+
+namespace tandem::testing {
+namespace {
+
+TEST_F(CudaLinear, AutoModeTimesEachDecodeShapeOnceAndSticksToTheWinner) {
+  // kAuto: the first product of a 1-2 row bf16 shape times the GEMV kernel against cuBLASLt and keeps the faster;
+  // every later call takes the same path, so repeated outputs are bit-identical, and both match the reference.
+  const cuda::GemvMode before = be().gemv_mode();
+  be().set_gemv_mode(cuda::GemvMode::kAuto);
+  for (int64_t n_tok : {1, 2}) {
+    SCOPED_TRACE(n_tok);
+    DeviceTensor x(be(), kBF16, {n_tok, 2048}), w(be(), kBF16, {1032, 2048}), out(be(), kBF16, {n_tok, 1032});
+    fill_random(x.host(), 51);
+    fill_random(w.host(), 52);
+    x.upload();
+    w.upload();
+    const LinearArgs args{.out = out, .x = x, .w = w};
+    out.poison();
+    be().linear(args);
+    out.download();
+    HostTensor first(kBF16, {n_tok, 1032}), want(kBF16, {n_tok, 1032});
+    first.copy_from(out.host());
+    ref::linear({.out = want, .x = x.host(), .w = w.host()});
+    expect_close(first, want, tolerance_for(kBF16, true));
+    Result<LinearPath> path = be().linear_path(args);
+    ASSERT_TRUE(path.ok());
+    EXPECT_TRUE(*path == LinearPath::kGemv || *path == LinearPath::kCublasLt) << cuda::linear_path_name(*path);
+    std::printf("[gemv auto] T=%lld [1032 x 2048]: %s\n", static_cast<long long>(n_tok), cuda::linear_path_name(*path));
+    for (int i = 0; i < 3; ++i) {
+      out.poison();
+      be().linear(args);
+      out.download();
+      for (int64_t j = 0; j < n_tok * 1032; ++j) ASSERT_EQ(out.host().get(j), first.get(j)) << "element " << j;
+    }
+  }
+  be().set_gemv_mode(before);
 }
 
 }  // namespace

@@ -437,7 +437,9 @@ TEST_P(CudaModel, GraphReplayEqualsEagerForwards) {
       EXPECT_TRUE(st.ok()) << st.to_string();
       if (!st.ok()) return rows;
       rows.push_back(to_host(*be_, out.logits));
-      if (n == 4) EXPECT_TRUE(cache->truncate(cache->length() - 2).ok());
+      if (n == 4) {
+        EXPECT_TRUE(cache->truncate(cache->length() - 2).ok());
+      }
     }
     return rows;
   };
@@ -446,7 +448,9 @@ TEST_P(CudaModel, GraphReplayEqualsEagerForwards) {
   const size_t graphs = target_->graph_count();
   ASSERT_EQ(eager.size(), replayed.size());
   for (size_t i = 0; i < eager.size(); ++i) EXPECT_TRUE(eager[i] == replayed[i]) << "forward " << i << " differs";
-  if (engine() == Engine::kCuda) EXPECT_GE(graphs, 2u) << "decode and verify shapes should have been captured";
+  if (engine() == Engine::kCuda) {
+    EXPECT_GE(graphs, 2u) << "decode and verify shapes should have been captured";
+  }
   std::printf("[graphs] %s: %zu forwards, %zu graphs, replayed logits %s eager ones\n", label().c_str(),
               eager.size(), graphs, eager == replayed ? "bit-identical to" : "DIFFERENT from");
 }

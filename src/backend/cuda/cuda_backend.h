@@ -69,8 +69,9 @@ class CudaBackend final : public Backend {
   // Which implementation linear(a) would use (plans the cuBLASLt call on first use of a shape).
   Result<LinearPath> linear_path(const LinearArgs& a);
   [[nodiscard]] size_t gemm_plan_count() const { return gemm_->plan_count(); }
-  // Decode/verify products on tandem's GEMV kernel (default) or on cuBLASLt (gemm.h).
-  void set_gemv(bool on) { gemm_->set_gemv(on); }
+  // Decode/verify products: timed per shape (default), always on tandem's GEMV kernel, or on cuBLASLt (gemm.h).
+  void set_gemv_mode(GemvMode m) { gemm_->set_gemv_mode(m); }
+  [[nodiscard]] GemvMode gemv_mode() const { return gemm_->gemv_mode(); }
   [[nodiscard]] const cudaDeviceProp& properties() const { return props_; }
 
  private:

@@ -106,10 +106,13 @@ Result<std::unique_ptr<Gemm>> Gemm::create(int sm_count) {
 
 Gemm::Gemm(cublasLtHandle_t handle, int sm_count) : handle_(handle), sm_count_(sm_count) {
   const char* env = std::getenv("TANDEM_GEMV");
-  gemv_ = !(env && std::string_view(env) == "0");
+  if (env && std::string_view(env) == "0") gemv_mode_ = GemvMode::kOff;
+  if (env && std::string_view(env) == "1") gemv_mode_ = GemvMode::kOn;
 }
 
 Gemm::~Gemm() {
+  for (cudaEvent_t e : ev_)
+    if (e) (void)cudaEventDestroy(e);
   for (auto& [key, p] : plans_) destroy(p);
   if (handle_) (void)cublasLtDestroy(handle_);
 }
@@ -122,7 +125,7 @@ void Gemm::destroy(Plan& p) {
   p = Plan{};
 }
 
-Result<const Gemm::Plan*> Gemm::plan(const Key& key) {
+Result<Gemm::Plan*> Gemm::plan(const Key& key) {
   if (auto it = plans_.find(key); it != plans_.end()) return &it->second;
   Plan p;
   // Row-major out[T, N] = x[T, K] w[N, K]^T is column-major out^T[N, T] = op(W)[N, K] X[K, T] with W stored as a
@@ -172,25 +175,67 @@ Result<const Gemm::Plan*> Gemm::plan(const Key& key) {
   return &plans_.emplace(key, p).first->second;
 }
 
+namespace {
+constexpr int64_t kAutoGemvRows = 2;  // beyond this the GEMV kernel runs out of instruction throughput (cuda_bench)
+}  // namespace
+
 Result<LinearPath> Gemm::choose(const LinearArgs& a) {
-  if (gemv_ && gemv_eligible(a)) return LinearPath::kGemv;
+  const bool gemv_ok = gemv_eligible(a);
+  if (gemv_mode_ == GemvMode::kOn && gemv_ok) return LinearPath::kGemv;
+  const bool auto_gemv = gemv_mode_ == GemvMode::kAuto && gemv_ok && a.x.rows() <= kAutoGemvRows;
   if (cublaslt_eligible(a)) {
     TANDEM_ASSIGN_OR_RETURN(const Plan* p, plan(Key{a.x.rows(), a.w.dim(0), a.w.dim(1), a.out.dtype}));
-    if (p->has_algo) return LinearPath::kCublasLt;
+    if (p->has_algo) return auto_gemv && p->gemv_faster == 1 ? LinearPath::kGemv : LinearPath::kCublasLt;
   }
+  if (auto_gemv) return LinearPath::kGemv;  // cuBLASLt cannot take it
   if (f32_or_bf16(a.w.dtype) && f32_or_bf16(a.x.dtype) && f32_or_bf16(a.out.dtype)) return LinearPath::kSimple;
   return LinearPath::kUnsupported;
 }
 
+Status Gemm::run_cublaslt(const LinearArgs& a, const Plan& p, cudaStream_t stream, void* workspace) {
+  const float alpha = a.alpha, beta = a.accumulate ? 1.f : 0.f;  // beta = 0: cuBLASLt never reads out
+  TANDEM_CUBLAS_TRY(cublasLtMatmul(handle_, p.desc, &alpha, a.w.data, p.w, a.x.data, p.x, &beta, a.out.data,
+                                   p.out, a.out.data, p.out, &p.algo, workspace, kWorkspaceBytes, stream));
+  return ok_status();
+}
+
+Status Gemm::tune(const LinearArgs& a, Plan* p, cudaStream_t stream, void* workspace) {
+  for (cudaEvent_t& e : ev_)
+    if (!e) TANDEM_CUDA_TRY(cudaEventCreate(&e));
+  auto time_best = [&](auto&& launch) -> Result<float> {
+    float best = 1e30f;
+    for (int i = 0; i < 5; ++i) {  // two warm-ups, then the best of three
+      TANDEM_CUDA_TRY(cudaEventRecord(ev_[0], stream));
+      TANDEM_TRY(launch());
+      TANDEM_CUDA_TRY(cudaEventRecord(ev_[1], stream));
+      TANDEM_CUDA_TRY(cudaEventSynchronize(ev_[1]));
+      float ms = 0;
+      TANDEM_CUDA_TRY(cudaEventElapsedTime(&ms, ev_[0], ev_[1]));
+      if (i >= 2) best = std::min(best, ms);
+    }
+    return best;
+  };
+  TANDEM_ASSIGN_OR_RETURN(const float gemv_ms, time_best([&] { return launch_gemv(a, sm_count_, stream); }));
+  TANDEM_ASSIGN_OR_RETURN(const float lt_ms, time_best([&] { return run_cublaslt(a, *p, stream, workspace); }));
+  p->gemv_faster = gemv_ms < lt_ms ? 1 : 0;
+  return ok_status();
+}
+
 Status Gemm::run(const LinearArgs& a, cudaStream_t stream, void* workspace) {
+  if (gemv_mode_ == GemvMode::kAuto && !a.accumulate && a.x.rows() <= kAutoGemvRows && gemv_eligible(a) &&
+      cublaslt_eligible(a)) {
+    // First use of a decode shape outside a graph capture: time both paths (the output is written either way).
+    TANDEM_ASSIGN_OR_RETURN(Plan* p, plan(Key{a.x.rows(), a.w.dim(0), a.w.dim(1), a.out.dtype}));
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    TANDEM_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+    if (p->has_algo && p->gemv_faster < 0 && capture == cudaStreamCaptureStatusNone)
+      TANDEM_TRY(tune(a, p, stream, workspace));
+  }
   TANDEM_ASSIGN_OR_RETURN(const LinearPath path, choose(a));
   if (path == LinearPath::kGemv) return launch_gemv(a, sm_count_, stream);
   if (path != LinearPath::kCublasLt) return launch_linear_simple(a, stream);
   TANDEM_ASSIGN_OR_RETURN(const Plan* p, plan(Key{a.x.rows(), a.w.dim(0), a.w.dim(1), a.out.dtype}));
-  const float alpha = a.alpha, beta = a.accumulate ? 1.f : 0.f;  // beta = 0: cuBLASLt never reads out
-  TANDEM_CUBLAS_TRY(cublasLtMatmul(handle_, p->desc, &alpha, a.w.data, p->w, a.x.data, p->x, &beta, a.out.data,
-                                   p->out, a.out.data, p->out, &p->algo, workspace, kWorkspaceBytes, stream));
-  return ok_status();
+  return run_cublaslt(a, *p, stream, workspace);
 }
 
 }  // namespace tandem::cuda

@@ -1,6 +1,7 @@
-// linear() on the GPU (ops.h LinearArgs: out[T, N] = alpha * x[T, K] @ w[N, K]^T (+ out)). Decode and verify
-// sizes (T <= 9, bf16) take tandem's GEMV kernel (gemv.cu) unless TANDEM_GEMV=0; other bf16 operands with
-// 16-byte aligned rows go to cuBLASLt (fp32 compute, bf16 or f32 out, one cached plan per shape, a workspace per
+// linear() on the GPU (ops.h LinearArgs: out[T, N] = alpha * x[T, K] @ w[N, K]^T (+ out)). For 1-2 bf16 rows
+// (decode) each shape is timed once on tandem's GEMV kernel (gemv.cu) and on cuBLASLt, outside any graph capture,
+// and the faster is kept (TANDEM_GEMV=1 forces the GEMV for up to 9 rows, =0 turns it off); other bf16 operands
+// with 16-byte aligned rows go to cuBLASLt (fp32 compute, bf16 or f32 out, one cached plan per shape, a workspace per
 // stream); anything else (odd K or N, f32 operands) to a plain warp-per-output kernel, so every shape works.
 #pragma once
 
@@ -18,6 +19,7 @@
 namespace tandem::cuda {
 
 enum class LinearPath : uint8_t { kGemv, kCublasLt, kSimple, kUnsupported };
+enum class GemvMode : uint8_t { kAuto, kOn, kOff };
 const char* linear_path_name(LinearPath p);
 
 class Gemm {
@@ -36,10 +38,10 @@ class Gemm {
   // Enqueues the product on `stream`; `workspace` holds kWorkspaceBytes and is used by this stream only.
   Status run(const LinearArgs& a, cudaStream_t stream, void* workspace);
   [[nodiscard]] size_t plan_count() const { return plans_.size(); }
-  // Whether decode/verify sizes take the GEMV kernel (default: on unless TANDEM_GEMV=0); tests and benches
-  // compare both paths.
-  void set_gemv(bool on) { gemv_ = on; }
-  [[nodiscard]] bool gemv() const { return gemv_; }
+  // Whether decode/verify sizes take the GEMV kernel: timed per shape (kAuto, the default), always where it
+  // applies (kOn) or never (kOff). Tests and benches pin the path.
+  void set_gemv_mode(GemvMode m) { gemv_mode_ = m; }
+  [[nodiscard]] GemvMode gemv_mode() const { return gemv_mode_; }
 
  private:
   struct Key {
@@ -52,15 +54,20 @@ class Gemm {
     cublasLtMatrixLayout_t w = nullptr, x = nullptr, out = nullptr;
     cublasLtMatmulAlgo_t algo{};
     bool has_algo = false;
+    int8_t gemv_faster = -1;  // kAuto: -1 not timed yet, else whether the GEMV kernel beat cuBLASLt here
   };
 
   Gemm(cublasLtHandle_t handle, int sm_count);
-  Result<const Plan*> plan(const Key& key);
+  Result<Plan*> plan(const Key& key);
+  // Times both paths on `a` (which must not accumulate) and records the faster in `p`.
+  Status tune(const LinearArgs& a, Plan* p, cudaStream_t stream, void* workspace);
+  Status run_cublaslt(const LinearArgs& a, const Plan& p, cudaStream_t stream, void* workspace);
   static void destroy(Plan& p);
 
   cublasLtHandle_t handle_;
   int sm_count_;
-  bool gemv_ = true;
+  GemvMode gemv_mode_ = GemvMode::kAuto;
+  cudaEvent_t ev_[2] = {nullptr, nullptr};
   std::map<Key, Plan> plans_;
 };
 
