@@ -115,7 +115,8 @@ inline KvView host_attention_range(const AttentionArgs& a) {
   return kv;
 }
 
-// out = gelu_tanh(gate) * up (GeGLU, spec §1.9). All [n_tokens, d_ff] act. out may alias gate.
+// out = gelu_tanh(gate) * up (GeGLU, spec §1.9). All [n_tokens, d_ff] act. out may alias gate. up's rows may be
+// strided (2-D, stride[0] >= d_ff): one layer's block of the per-layer inputs [n_tokens, n_layers * ple_dim].
 struct GeluMulArgs {
   Tensor out, gate, up;
 };

@@ -32,8 +32,8 @@ struct Gemma4Model::Workspace {
   Buffer router;       // [rows, n_experts]
   Buffer moe_idx;      // i32 [rows, top_k]
   Buffer moe_w;        // f32 [rows, top_k]
-  Buffer ple;          // [n_layers, rows, ple_dim]
-  Buffer ple_tmp;      // [rows, ple_dim]
+  Buffer ple;          // [rows, n_layers, ple_dim]
+  Buffer ple_tmp;      // [rows, n_layers * ple_dim]: the context part, then one layer's [rows, ple_dim] gate
   Buffer ids, pos;     // i32 [rows]
   Buffer kv_end;       // i32 [1]: cache length after this forward (attention reads it on the device)
   Buffer hidden;       // [out_rows, d_model]
@@ -160,7 +160,7 @@ Status Gemma4Model::ensure_workspace(int64_t rows, int64_t out_rows) {
     }
     if (tc.ple_dim > 0) {
       TANDEM_TRY(grow(ws.ple, static_cast<size_t>(tc.n_layers) * r * tc.ple_dim * act));
-      TANDEM_TRY(grow(ws.ple_tmp, r * tc.ple_dim * act));
+      TANDEM_TRY(grow(ws.ple_tmp, static_cast<size_t>(tc.n_layers) * r * tc.ple_dim * act));
     }
     TANDEM_TRY(grow(ws.ids, r * sizeof(int32_t)));
     TANDEM_TRY(grow(ws.pos, r * sizeof(int32_t)));
@@ -282,24 +282,19 @@ Status Gemma4Model::run_chunk(std::span<const SequenceInput> batch, int64_t rows
   backend_.embedding({.out = x, .table = w_.embed, .ids = ids, .scale = embed_scale_});
 
   if (tc.ple_dim > 0) {
-    // Per-layer embeddings (spec §1.4), stored [n_layers, rows, ple_dim] so each layer's slice is contiguous.
+    // Per-layer inputs of every layer at once (spec §1.4), stored [rows, n_layers, ple_dim]: the token-identity
+    // part gathers each token's packed row of the table, the context part is one product with the whole
+    // per_layer_model_projection (scaled by d_model^-0.5), and one norm over ple_dim-wide rows mixes them:
+    // ple = (norm(context) + identity) * 2^-0.5, each stage rounded as the separate ops would be.
     const int64_t P = tc.ple_dim, L = tc.n_layers;
-    const Tensor tmp = ws.ple_tmp.view(act, {rows, P});
+    const Tensor ple = ws.ple.view(act, {rows, L * P});
+    const Tensor ctx = ws.ple_tmp.view(act, {rows, L * P});
     const float proj_scale = static_cast<float>(std::pow(static_cast<double>(tc.d_model), -0.5));
     const float mix_scale = static_cast<float>(std::pow(2.0, -0.5));
-    for (int64_t i = 0; i < L; ++i) {
-      const Tensor pl = ws.ple.view(act, {rows, P}, static_cast<size_t>(i * rows * P) * dtype_size(act));
-      // Token-identity part: columns [i*P, (i+1)*P) of the packed table (a row-strided view).
-      Tensor table = w_.ple_embed;
-      table.shape = {w_.ple_embed.shape[0], P, 0, 0};
-      table.data = static_cast<char*>(w_.ple_embed.data) + static_cast<size_t>(i * P) * dtype_size(table.dtype);
-      backend_.embedding({.out = pl, .table = table, .ids = ids, .scale = ple_embed_scale_});
-      // Context part: rows [i*P, (i+1)*P) of per_layer_model_projection, scaled by d_model^-0.5, normed over P.
-      backend_.linear({.out = tmp, .x = x, .w = w_.ple_model_proj.slice(i * P, (i + 1) * P), .alpha = proj_scale});
-      // pl = (norm(tmp) + pl) * 2^-0.5, each stage rounded as the separate ops would be.
-      backend_.rms_norm({.out = pl, .x = tmp, .weight = w_.ple_proj_norm, .eps = tc.rms_eps, .residual = pl,
-                         .out_scale = mix_scale});
-    }
+    backend_.embedding({.out = ple, .table = w_.ple_embed, .ids = ids, .scale = ple_embed_scale_});
+    backend_.linear({.out = ctx, .x = x, .w = w_.ple_model_proj, .alpha = proj_scale});
+    backend_.rms_norm({.out = ple.reshape({rows * L, P}), .x = ctx.reshape({rows * L, P}), .weight = w_.ple_proj_norm,
+                       .eps = tc.rms_eps, .residual = ple.reshape({rows * L, P}), .out_scale = mix_scale});
   }
 
   for (int i = 0; i < tc.n_layers; ++i) TANDEM_TRY(layer_forward(i, batch, rows));
@@ -417,7 +412,10 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
     // Per-layer input: x += norm(proj(gelu(gate(x)) * ple_i)) (spec §1.4).
     const int64_t P = tc.ple_dim;
     const Tensor pg = ws.ple_tmp.view(act, {rows, P});
-    const Tensor pl = ws.ple.view(act, {rows, P}, static_cast<size_t>(i * rows * P) * dtype_size(act));
+    // Layer i's inputs: columns [i*P, (i+1)*P) of the [rows, n_layers * P] per-layer inputs (row-strided).
+    Tensor pl = ws.ple.view(act, {rows, tc.n_layers * P});
+    pl.shape[1] = P;
+    pl.data = static_cast<char*>(pl.data) + static_cast<size_t>(i * P) * dtype_size(act);
     backend_.linear({.out = pg, .x = x, .w = lw.ple.gate});
     backend_.gelu_mul({.out = pg, .gate = pg, .up = pl});
     backend_.linear({.out = o, .x = pg, .w = lw.ple.proj});

@@ -179,12 +179,17 @@ void CpuBackend::rope(const RopeArgs& a) {
 void CpuBackend::gelu_mul(const GeluMulArgs& a) {
   check_act(a.out, "gelu_mul out");
   check_act(a.gate, "gelu_mul gate");
-  check_act(a.up, "gelu_mul up");
+  check_act_rows(a.up, "gelu_mul up");
   const int64_t n = a.gate.numel();
   TANDEM_CHECK(a.out.numel() == n && a.up.numel() == n);
   const float* g = a.gate.ptr<float>();
   const float* u = a.up.ptr<float>();
   float* o = a.out.ptr<float>();
+  if (!a.up.is_contiguous()) {  // row-strided up: one row at a time
+    const int64_t d = a.up.shape[1], rows = a.up.shape[0];
+    for (int64_t t = 0; t < rows; ++t) simd_.gelu_mul(o + t * d, g + t * d, u + t * a.up.stride[0], d);
+    return;
+  }
   const int64_t chunk = 4096;
 #pragma omp parallel for num_threads(threads_) schedule(static) if (n > 16384)
   for (int64_t c = 0; c < n; c += chunk) simd_.gelu_mul(o + c, g + c, u + c, std::min(chunk, n - c));

@@ -15,6 +15,14 @@ void check_act(const Tensor& t, const char* what) {
   TANDEM_CHECK_MSG(t.dtype == DType::kF32, "%s must be f32 on the CPU, got %s", what, t.describe().c_str());
 }
 
+void check_act_rows(const Tensor& t, const char* what) {
+  if (t.is_contiguous()) return check_act(t, what);
+  TANDEM_CHECK_MSG(!t.empty() && t.device.is_cpu() && t.dtype == DType::kF32 && t.ndim == 2 && t.stride[1] == 1 &&
+                       t.stride[0] >= t.shape[1],
+                   "%s %s: expected f32 rows on the CPU with a row stride >= the row length", what,
+                   t.describe().c_str());
+}
+
 void check_float(const Tensor& t, const char* what) {
   check_plain(t, what);
   TANDEM_CHECK_MSG(dtype_is_float(t.dtype), "%s must be f32/bf16/f16, got %s", what, t.describe().c_str());

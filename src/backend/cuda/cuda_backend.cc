@@ -357,8 +357,9 @@ void CudaBackend::kv_write(const KvWriteArgs& a) {
 void CudaBackend::gelu_mul(const GeluMulArgs& a) {
   expect_gpu(a.out, index_, "gelu_mul", "out");
   expect_gpu(a.gate, index_, "gelu_mul", "gate");
-  expect_gpu(a.up, index_, "gelu_mul", "up");
-  TANDEM_CHECK_MSG(a.out.numel() == a.gate.numel() && a.up.numel() == a.gate.numel(),
+  expect_gpu(a.up, index_, "gelu_mul", "up", /*contiguous=*/a.up.ndim != 2);  // rows may be strided
+  TANDEM_CHECK_MSG(a.out.numel() == a.gate.numel() && a.up.numel() == a.gate.numel() &&
+                       (a.up.is_contiguous() || (a.up.stride[1] == 1 && a.up.stride[0] >= a.up.shape[1])),
                    "cuda gelu_mul: out %s, gate %s, up %s", a.out.describe().c_str(), a.gate.describe().c_str(),
                    a.up.describe().c_str());
   if (activate()) record(launch_gelu_mul(a, cuda_stream(current_)));

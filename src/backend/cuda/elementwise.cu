@@ -50,10 +50,11 @@ __device__ __forceinline__ float gelu_tanh(float x) {
   return 0.5f * x * (1.f + tanhf(inner));
 }
 
-__global__ void gelu_mul_kernel(Operand out, Operand gate, Operand up, int64_t n) {
+// up's rows may be strided (up_stride >= dim elements; = dim when contiguous).
+__global__ void gelu_mul_kernel(Operand out, Operand gate, Operand up, int64_t dim, int64_t up_stride, int64_t n) {
   TANDEM_GRID_STRIDE(i, n) {
     const float g = round_to(out.dtype, gelu_tanh(load_f32(gate.data, gate.dtype, i)));
-    store_f32(out.data, out.dtype, i, g * load_f32(up.data, up.dtype, i));
+    store_f32(out.data, out.dtype, i, g * load_f32(up.data, up.dtype, i / dim * up_stride + i % dim));
   }
 }
 
@@ -114,7 +115,10 @@ Status launch_gelu_mul(const GeluMulArgs& a, cudaStream_t stream) {
   TANDEM_TRY(check_float("gelu_mul", {&a.out, &a.gate, &a.up}));
   const int64_t n = a.out.numel();
   if (n == 0) return ok_status();
-  gelu_mul_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(operand(a.out), operand(a.gate), operand(a.up), n);
+  const int64_t dim = a.up.dim(-1);
+  const int64_t up_stride = a.up.is_contiguous() ? dim : a.up.stride[0];
+  gelu_mul_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(operand(a.out), operand(a.gate), operand(a.up),
+                                                                  dim, up_stride, n);
   TANDEM_CUDA_TRY_LAUNCH();
   return ok_status();
 }

@@ -270,9 +270,16 @@ void attention(const AttentionArgs& a) {
 void gelu_mul(const GeluMulArgs& a) {
   check_float(a.out, "out");
   check_float(a.gate, "gate");
-  check_float(a.up, "up");
+  if (a.up.is_contiguous()) check_float(a.up, "up");
   TANDEM_CHECK(a.out.numel() == a.gate.numel() && a.up.numel() == a.gate.numel());
-  for (int64_t i = 0; i < a.gate.numel(); ++i) st(a.out, i, gelu_tanh_d(ld(a.gate, i)) * ld(a.up, i));
+  const bool strided = !a.up.is_contiguous();
+  TANDEM_CHECK_MSG(!strided || (a.up.ndim == 2 && a.up.stride[1] == 1 && a.up.stride[0] >= a.up.shape[1]),
+                   "gelu_mul up %s: only rows may be strided", a.up.describe().c_str());
+  const int64_t d = a.up.dim(-1);
+  for (int64_t i = 0; i < a.gate.numel(); ++i) {
+    const int64_t ui = strided ? i / d * a.up.stride[0] + i % d : i;
+    st(a.out, i, gelu_tanh_d(ld(a.gate, i)) * ld(a.up, ui));
+  }
 }
 
 void add(const AddArgs& a) {
