@@ -3,7 +3,8 @@
 #   1. scripts/device/gpu-check.sh: Release build for sm_90a, every test through ctest (CPU and CUDA), cuda_bench;
 #   2. the CUDA model tests' measured lines ([bf16 ...], [graphs] ...);
 #   3. the demo pair on the GPU (`tandem generate --device cuda --compare`);
-#   4. `tandem bench --device cuda --arch A` for each released architecture (random bf16 weights in GPU memory).
+#   4. `tandem bench --device cuda --arch A --profile` for each released architecture (random bf16 weights in GPU
+#      memory; the per-op profiles stay in the logs).
 # Writes logs and RESULTS-gpu.md (the bench tables, to be appended to bench/RESULTS.md) under $OUT, snapshotting
 # them after each step so that a run cut short still returns what it measured. Needs .deps/ carried
 # (scripts/prepare-device-deps.sh). Time budget: GPU_LAB_BUDGET_S seconds (default 560); steps that no longer fit
@@ -47,7 +48,7 @@ run_step demo 20 demo_cuda.txt $B/tandem generate --device cuda --model models/d
   --repeat 5 --ignore-eos
 for arch in ${GPU_LAB_ARCHS:-gemma4-e2b gemma4-e4b gemma4-26b-a4b gemma4-31b}; do
   run_step "bench $arch" 60 "bench_$arch.txt" $B/tandem bench --device cuda --arch "$arch" --iters 10 --max-k 8 \
-    --results "$work/logs/RESULTS-gpu.md"
+    --profile --results "$work/logs/RESULTS-gpu.md"
 done
 snap
 
@@ -58,7 +59,7 @@ grep -E '^\[(bf16|graphs)|DIVERGES|FAILED' "$work/logs/cuda_model_test.txt" 2>/d
 echo "=== demo"
 tail -n 4 "$work/logs/demo_cuda.txt" 2>/dev/null
 for f in "$work"/logs/bench_*.txt; do
-  [ -f "$f" ] && { echo "=== $(basename "$f")"; grep -vE "^tandem bench: building|loading" "$f" | tail -n 28; }
+  [ -f "$f" ] && { echo "=== $(basename "$f")"; grep -vE "^tandem bench: building|loading" "$f" | sed '/^per-op device time/,$d' | tail -n 28; }
 done
 echo "=== gpu-lab summary ($((SECONDS - start))s)"
 for l in "${summary[@]}"; do echo "  $l"; done

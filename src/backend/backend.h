@@ -56,6 +56,12 @@ class Backend : public Allocator {
   virtual Status replay(GraphId /*graph*/) { return unsupported(std::string("the ") + name() + " backend has no graphs"); }
   virtual void release_graph(GraphId /*graph*/) {}
 
+  // Per-op device times (`tandem bench --profile`): ops enqueued outside graph captures while profiling is on are
+  // timed; profile_report() returns a table per forward (divided by `forwards`) and turns profiling off. Backends
+  // without a profiler return an empty report.
+  virtual void set_profiling(bool /*on*/) {}
+  virtual std::string profile_report(int /*forwards*/) { return {}; }
+
   // Ops (ops.h).
   virtual void embedding(const EmbeddingArgs& a) = 0;
   virtual void linear(const LinearArgs& a) = 0;
@@ -70,6 +76,12 @@ class Backend : public Allocator {
   virtual void argmax(const ArgmaxArgs& a) = 0;
   virtual void moe_route(const MoeRouteArgs& a) = 0;
   virtual void moe_experts(const MoeExpertsArgs& a) = 0;
+  // Composite op: two products and gelu_mul unless a backend fuses them (CUDA at decode sizes).
+  virtual void geglu(const GegluArgs& a) {
+    linear({.out = a.out, .x = a.x, .w = a.w_gate});
+    linear({.out = a.up, .x = a.x, .w = a.w_up});
+    gelu_mul({.out = a.out, .gate = a.out, .up = a.up});
+  }
 };
 
 // The CPU backend (always available). `threads` <= 0 uses OpenMP's default.

@@ -127,6 +127,14 @@ struct AddArgs {
   float b_scale = 1.f;
 };
 
+// out = gelu_tanh(x @ w_gate^T) * (x @ w_up^T): the first half of the dense GeGLU MLP (spec §1.9), each product
+// rounded to the act dtype before the GeGLU exactly as linear, linear, gelu_mul would round. `up` is a scratch
+// [n_tokens, d_ff] act buffer the backend may use for the up product. out/up [n_tokens, d_ff] act;
+// x [n_tokens, d_model] act; w_gate / w_up [d_ff, d_model].
+struct GegluArgs {
+  Tensor out, x, w_gate, w_up, up;
+};
+
 // x *= s (in place).
 struct ScaleArgs {
   Tensor x;

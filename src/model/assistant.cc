@@ -216,9 +216,7 @@ Status Gemma4Assistant::run_step(const DraftStepArgs& a) {
     const Tensor gate = ws.gate.view(act, {1, ls.d_ff});
     const Tensor up = ws.up.view(act, {1, ls.d_ff});
     backend_.rms_norm({.out = zn, .x = z, .weight = lw.pre_ffn_norm, .eps = tc.rms_eps});
-    backend_.linear({.out = gate, .x = zn, .w = lw.mlp.gate});
-    backend_.linear({.out = up, .x = zn, .w = lw.mlp.up});
-    backend_.gelu_mul({.out = gate, .gate = gate, .up = up});
+    backend_.geglu({.out = gate, .x = zn, .w_gate = lw.mlp.gate, .w_up = lw.mlp.up, .up = up});
     backend_.linear({.out = f, .x = gate, .w = lw.mlp.down});
     // z = (z + norm(f)) * layer_scalar: the scalar multiplies the whole output, residual included (spec §1.5).
     backend_.rms_norm({.out = z, .x = f, .weight = lw.post_ffn_norm, .eps = tc.rms_eps, .residual = z,

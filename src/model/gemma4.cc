@@ -379,9 +379,7 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
   const Tensor g = ws.g.view(act, {rows, ls.d_ff});
   const Tensor u = ws.u.view(act, {rows, ls.d_ff});
   backend_.rms_norm({.out = xn, .x = x, .weight = lw.pre_ffn_norm, .eps = tc.rms_eps});
-  backend_.linear({.out = g, .x = xn, .w = lw.mlp.gate});
-  backend_.linear({.out = u, .x = xn, .w = lw.mlp.up});
-  backend_.gelu_mul({.out = g, .gate = g, .up = u});
+  backend_.geglu({.out = g, .x = xn, .w_gate = lw.mlp.gate, .w_up = lw.mlp.up, .up = u});
   backend_.linear({.out = f, .x = g, .w = lw.mlp.down});
   if (ls.moe) {
     backend_.rms_norm({.out = f, .x = f, .weight = lw.moe.post_ffn_norm_1, .eps = tc.rms_eps});

@@ -197,5 +197,40 @@ TEST_F(CudaLinear, AutoModeTimesEachDecodeShapeOnceAndSticksToTheWinner) {
   be().set_gemv_mode(before);
 }
 
+TEST_F(CudaLinear, GegluEqualsItsCompositeBitwise) {
+  // The fused decode GeGLU (1-2 rows) gives the bits of linear + linear + gelu_mul on the GEMV path, and the
+  // composite (3 rows) matches the reference; N odd and not a multiple of the rows per block.
+  const cuda::GemvMode before = be().gemv_mode();
+  for (int64_t n_tok : {1, 2, 3}) {
+    SCOPED_TRACE(n_tok);
+    const int64_t K = 1544, N = 1037;
+    DeviceTensor x(be(), kBF16, {n_tok, K}), wg(be(), kBF16, {N, K}), wu(be(), kBF16, {N, K});
+    DeviceTensor out(be(), kBF16, {n_tok, N}), up(be(), kBF16, {n_tok, N}), ref_out(be(), kBF16, {n_tok, N});
+    fill_random(x.host(), 61);
+    fill_random(wg.host(), 62);
+    fill_random(wu.host(), 63);
+    x.upload();
+    wg.upload();
+    wu.upload();
+    out.poison();
+    be().set_gemv_mode(cuda::GemvMode::kAuto);
+    be().geglu({.out = out, .x = x, .w_gate = wg, .w_up = wu, .up = up});
+    out.download();
+    be().set_gemv_mode(cuda::GemvMode::kOn);
+    ref_out.poison();
+    be().Backend::geglu({.out = ref_out, .x = x, .w_gate = wg, .w_up = wu, .up = up});
+    ref_out.download();
+    be().set_gemv_mode(before);
+    if (n_tok <= 2) {
+      for (int64_t j = 0; j < n_tok * N; ++j) ASSERT_EQ(out.host().get(j), ref_out.host().get(j)) << "element " << j;
+    }
+    HostTensor g(kBF16, {n_tok, N}), u(kBF16, {n_tok, N}), want(kBF16, {n_tok, N});
+    ref::linear({.out = g, .x = x.host(), .w = wg.host()});
+    ref::linear({.out = u, .x = x.host(), .w = wu.host()});
+    ref::gelu_mul({.out = want, .gate = g, .up = u});
+    expect_close(out.host(), want, tolerance_for(kBF16, true));
+  }
+}
+
 }  // namespace
 }  // namespace tandem::testing

@@ -24,7 +24,7 @@ using Clock = std::chrono::steady_clock;
 struct BenchOptions {
   std::string model, draft, arch, device = "cpu", results;
   int threads = 0, iters = 20, context = 128, max_k = 6;
-  bool json = false, no_draft = false;
+  bool json = false, no_draft = false, profile = false;
 };
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -75,7 +75,8 @@ struct Row {
   std::string ratio_to;
 };
 
-Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* header, std::string* machine) {
+Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* header, std::string* machine,
+                 std::string* profile) {
   if (o.model.empty() == o.arch.empty()) return invalid_argument("give exactly one of --model and --arch");
   if (o.iters < 1 || o.context < 1 || o.max_k < 1 || o.max_k > 16) return invalid_argument("--iters, --context >= 1; --max-k 1..16");
   TANDEM_ASSIGN_OR_RETURN(auto be, open_backend(o.device, o.threads));
@@ -170,6 +171,24 @@ Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* hea
   TANDEM_TRY(time_decode(&decode_ms));
   rows->push_back({strfmt("decode 1 token%s (%.1f tok/s)", graphs ? ", graphs" : "", 1e3 / decode_ms), decode_ms,
                    decode_ms / floor_ms, "floor"});
+  if (o.profile) {
+    // Per-op device times of eager forwards (graphs off, so every op is timed): decode, and a K+1 = 5 verify.
+    const bool was = target->graphs_enabled();
+    target->set_graphs(false);
+    constexpr int kRuns = 3;
+    be->set_profiling(true);
+    for (int i = 0; i < kRuns; ++i) TANDEM_TRY(fwd(random_tokens(1), 1));
+    *profile += "\nper-op device time, decode 1 token (eager, graphs off):\n" + be->profile_report(kRuns);
+    const int T = std::min(5, o.max_k + 1);
+    be->set_profiling(true);
+    for (int i = 0; i < kRuns; ++i) {
+      const int64_t len = cache.length();
+      TANDEM_TRY(fwd(random_tokens(T), T));
+      TANDEM_TRY(cache.truncate(len));
+    }
+    *profile += strfmt("\nper-op device time, verify %d tokens (eager, graphs off):\n", T) + be->profile_report(kRuns);
+    target->set_graphs(was);
+  }
   // Verify passes of T tokens, rolled back each time.
   std::vector<double> verify_ms(static_cast<size_t>(o.max_k) + 2, 0);
   for (int T = 2; T <= o.max_k + 1; ++T) {
@@ -234,14 +253,15 @@ std::string machine_name() {
 
 int bench_main(const BenchOptions& o, const std::string& command) {
   std::vector<Row> rows;
-  std::string header, machine;
-  Status s = run_bench(o, &rows, &header, &machine);
+  std::string header, machine, profile;
+  Status s = run_bench(o, &rows, &header, &machine, &profile);
   if (!s.ok()) return fail("bench", s);
   if (o.device == "cpu") machine = strfmt("%s, %d threads", machine_name().c_str(), omp_get_max_threads());
   std::printf("%s\nmachine: %s\n\n%-40s %12s %12s\n", header.c_str(), machine.c_str(), "measure", "ms", "ratio");
   for (const Row& r : rows)
     std::printf("%-40s %12.3f %12s\n", r.what.c_str(), r.ms,
                 r.ratio_to.empty() ? "" : strfmt("%.2fx %s", r.ratio, r.ratio_to.c_str()).c_str());
+  if (!profile.empty()) std::printf("%s", profile.c_str());
   if (!o.results.empty()) {
     std::ofstream f(o.results, std::ios::app);
     if (!f) return fail("bench", io_error("cannot append to " + o.results));
@@ -271,6 +291,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--max-k", o->max_k, "Largest draft block timed")->capture_default_str();
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
+  cmd->add_flag("--profile", o->profile, "Also print per-op device times of eager decode and verify forwards (CUDA)");
   cmd->add_option("--results", o->results, "Append the table to this markdown file (e.g. bench/RESULTS.md)");
   cmd->footer("Examples:\n  tandem bench --model models/demo/target --draft models/demo/assistant\n"
               "  tandem bench --arch gemma4-e2b --iters 5 --results bench/RESULTS.md");

@@ -34,6 +34,18 @@ void expect_gpu(const Tensor& t, int index, const char* op, const char* what, bo
                    t.describe().c_str());
 }
 
+// Profiler labels that tell the fused variants and the attention kinds apart.
+std::string rms_norm_label(const RmsNormArgs& a) {
+  if (!a.rope_pos.empty()) return "rms_norm+rope";
+  if (!a.residual.empty()) return a.out_scale != 1.f ? "rms_norm+residual+scale" : "rms_norm+residual";
+  return "rms_norm";
+}
+
+std::string attention_label(const AttentionArgs& a) {
+  return strfmt("attention %lld tok, %s, head_dim %lld", static_cast<long long>(a.q.shape[0]),
+                a.kv.ring ? "ring" : (a.window > 0 ? "window" : "full"), static_cast<long long>(a.q.shape[2]));
+}
+
 void expect_i32(const Tensor& t, const char* op, const char* what) {
   TANDEM_CHECK_MSG(t.dtype == DType::kI32, "cuda %s: %s must be i32, got %s", op, what, t.describe().c_str());
 }
@@ -256,6 +268,14 @@ Status CudaBackend::replay(GraphId graph) {
   return ok_status();
 }
 
+void CudaBackend::set_profiling(bool on) { prof_.set_enabled(on); }
+
+std::string CudaBackend::profile_report(int forwards) {
+  std::string r = prof_.report(forwards);
+  prof_.set_enabled(false);
+  return r;
+}
+
 void CudaBackend::release_graph(GraphId graph) {
   if (graph < 0 || static_cast<size_t>(graph) >= graphs_.size() || !graphs_[static_cast<size_t>(graph)]) return;
   if (!activate()) return;
@@ -279,7 +299,10 @@ void CudaBackend::embedding(const EmbeddingArgs& a) {
   TANDEM_CHECK_MSG(a.table.ndim == 2 && a.out.rows() == a.ids.numel() && a.out.dim(-1) == a.table.dim(1),
                    "cuda embedding: out %s, table %s, ids %s", a.out.describe().c_str(), a.table.describe().c_str(),
                    a.ids.describe().c_str());
-  if (activate()) record(launch_embedding(a, cuda_stream(current_)));
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_embedding(a, cuda_stream(current_)));
+  if (pt >= 0) prof_.end(pt, cuda_stream(current_), "embedding");
 }
 
 void CudaBackend::linear(const LinearArgs& a) {
@@ -292,7 +315,14 @@ void CudaBackend::linear(const LinearArgs& a) {
                    a.w.describe().c_str());
   if (!activate()) return;
   const StreamState& s = streams_[static_cast<size_t>(current_)];
+  const int pt = prof_.begin(s.stream);
   record(gemm_->run(a, s.stream, s.workspace));
+  if (pt >= 0) {
+    Result<LinearPath> path = gemm_->choose(a);
+    prof_.end(pt, s.stream, strfmt("linear %lldx%lld -> %lld (%s)", static_cast<long long>(a.x.rows()),
+                                   static_cast<long long>(a.w.dim(1)), static_cast<long long>(a.w.dim(0)),
+                                   path.ok() ? linear_path_name(*path) : "?"));
+  }
 }
 
 void CudaBackend::rms_norm(const RmsNormArgs& a) {
@@ -322,7 +352,10 @@ void CudaBackend::rms_norm(const RmsNormArgs& a) {
                      a.x.describe().c_str(), a.rope_pos.describe().c_str(), a.rope_inv_freq.describe().c_str(),
                      a.residual.empty() ? "none" : a.residual.describe().c_str(), static_cast<double>(a.out_scale));
   }
-  if (activate()) record(launch_rms_norm(a, cuda_stream(current_)));
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_rms_norm(a, cuda_stream(current_)));
+  if (pt >= 0) prof_.end(pt, cuda_stream(current_), rms_norm_label(a));
 }
 
 void CudaBackend::rope(const RopeArgs& a) {
@@ -334,7 +367,10 @@ void CudaBackend::rope(const RopeArgs& a) {
                        a.inv_freq.dtype == DType::kF32 && a.inv_freq.numel() == a.x.shape[2] / 2,
                    "cuda rope: x %s, pos %s, inv_freq %s", a.x.describe().c_str(), a.pos.describe().c_str(),
                    a.inv_freq.describe().c_str());
-  if (activate()) record(launch_rope(a, cuda_stream(current_)));
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_rope(a, cuda_stream(current_)));
+  if (pt >= 0) prof_.end(pt, cuda_stream(current_), "rope");
 }
 
 void CudaBackend::kv_write(const KvWriteArgs& a) {
@@ -351,7 +387,10 @@ void CudaBackend::kv_write(const KvWriteArgs& a) {
                          t->stride[2] == 1 && t->shape[1] == a.kv.k.shape[1],
                      "cuda kv_write: storage %s for k_new %s", t->describe().c_str(), a.k_new.describe().c_str());
   }
-  if (activate()) record(launch_kv_write(a, cuda_stream(current_)));
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_kv_write(a, cuda_stream(current_)));
+  if (pt >= 0) prof_.end(pt, cuda_stream(current_), "kv_write");
 }
 
 void CudaBackend::gelu_mul(const GeluMulArgs& a) {
@@ -362,7 +401,10 @@ void CudaBackend::gelu_mul(const GeluMulArgs& a) {
                        (a.up.is_contiguous() || (a.up.stride[1] == 1 && a.up.stride[0] >= a.up.shape[1])),
                    "cuda gelu_mul: out %s, gate %s, up %s", a.out.describe().c_str(), a.gate.describe().c_str(),
                    a.up.describe().c_str());
-  if (activate()) record(launch_gelu_mul(a, cuda_stream(current_)));
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_gelu_mul(a, cuda_stream(current_)));
+  if (pt >= 0) prof_.end(pt, cuda_stream(current_), "gelu_mul");
 }
 
 void CudaBackend::add(const AddArgs& a) {
@@ -371,18 +413,27 @@ void CudaBackend::add(const AddArgs& a) {
   expect_gpu(a.b, index_, "add", "b");
   TANDEM_CHECK_MSG(a.out.numel() == a.a.numel() && a.b.numel() == a.a.numel(), "cuda add: out %s, a %s, b %s",
                    a.out.describe().c_str(), a.a.describe().c_str(), a.b.describe().c_str());
-  if (activate()) record(launch_add(a, cuda_stream(current_)));
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_add(a, cuda_stream(current_)));
+  if (pt >= 0) prof_.end(pt, cuda_stream(current_), "add");
 }
 
 void CudaBackend::scale(const ScaleArgs& a) {
   expect_gpu(a.x, index_, "scale", "x");
-  if (activate()) record(launch_scale(a, cuda_stream(current_)));
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_scale(a, cuda_stream(current_)));
+  if (pt >= 0) prof_.end(pt, cuda_stream(current_), "scale");
 }
 
 void CudaBackend::softcap(const SoftcapArgs& a) {
   expect_gpu(a.x, index_, "softcap", "x");
   TANDEM_CHECK_MSG(a.cap > 0.f, "cuda softcap: cap %g", static_cast<double>(a.cap));
-  if (activate()) record(launch_softcap(a, cuda_stream(current_)));
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_softcap(a, cuda_stream(current_)));
+  if (pt >= 0) prof_.end(pt, cuda_stream(current_), "softcap");
 }
 
 void CudaBackend::argmax(const ArgmaxArgs& a) {
@@ -391,7 +442,10 @@ void CudaBackend::argmax(const ArgmaxArgs& a) {
   expect_i32(a.out, "argmax", "out");
   TANDEM_CHECK_MSG(a.x.ndim >= 1 && a.x.dim(-1) > 0 && a.out.numel() == a.x.rows(), "cuda argmax: out %s, x %s",
                    a.out.describe().c_str(), a.x.describe().c_str());
-  if (activate()) record(launch_argmax(a, cuda_stream(current_)));
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_argmax(a, cuda_stream(current_)));
+  if (pt >= 0) prof_.end(pt, cuda_stream(current_), "argmax");
 }
 
 Scratch CudaBackend::scratch() const {
@@ -425,7 +479,10 @@ void CudaBackend::attention(const AttentionArgs& a) {
     TANDEM_CHECK_MSG(a.kv_end.numel() == 1, "cuda attention: kv_end %s must hold one i32",
                      a.kv_end.describe().c_str());
   }
-  if (activate()) record(launch_attention(a, scratch(), cuda_stream(current_)));
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_attention(a, scratch(), cuda_stream(current_)));
+  if (pt >= 0) prof_.end(pt, cuda_stream(current_), attention_label(a));
 }
 
 void CudaBackend::moe_route(const MoeRouteArgs& a) {
@@ -440,7 +497,10 @@ void CudaBackend::moe_route(const MoeRouteArgs& a) {
                    "cuda moe_route: k %d, logits %s, per_expert_scale %s, idx %s, weights %s", a.k,
                    a.logits.describe().c_str(), a.per_expert_scale.describe().c_str(), a.idx.describe().c_str(),
                    a.weights.describe().c_str());
-  if (activate()) record(launch_moe_route(a, cuda_stream(current_)));
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_moe_route(a, cuda_stream(current_)));
+  if (pt >= 0) prof_.end(pt, cuda_stream(current_), "moe_route");
 }
 
 void CudaBackend::moe_experts(const MoeExpertsArgs& a) {
@@ -461,7 +521,30 @@ void CudaBackend::moe_experts(const MoeExpertsArgs& a) {
                        a.weights.numel() == n_tok * k,
                    "cuda moe_experts: out %s, x %s, idx %s, weights %s", a.out.describe().c_str(),
                    a.x.describe().c_str(), a.idx.describe().c_str(), a.weights.describe().c_str());
-  if (activate()) record(launch_moe_experts(a, scratch(), cuda_stream(current_)));
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_moe_experts(a, scratch(), cuda_stream(current_)));
+  if (pt >= 0) prof_.end(pt, cuda_stream(current_), strfmt("moe_experts %lld tok", static_cast<long long>(a.x.rows())));
+}
+
+void CudaBackend::geglu(const GegluArgs& a) {
+  // Decode sizes: one pass over both weights with the GeGLU in the epilogue; otherwise the composite.
+  if (gemm_->gemv_mode() == GemvMode::kOff || !geglu_gemv_eligible(a)) return Backend::geglu(a);
+  expect_gpu(a.out, index_, "geglu", "out");
+  expect_gpu(a.x, index_, "geglu", "x");
+  expect_gpu(a.w_gate, index_, "geglu", "w_gate");
+  expect_gpu(a.w_up, index_, "geglu", "w_up");
+  TANDEM_CHECK_MSG(a.w_gate.ndim == 2 && a.x.dim(-1) == a.w_gate.dim(1) && a.out.rows() == a.x.rows() &&
+                       a.out.dim(-1) == a.w_gate.dim(0),
+                   "cuda geglu: out %s, x %s, w_gate %s", a.out.describe().c_str(), a.x.describe().c_str(),
+                   a.w_gate.describe().c_str());
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_geglu_gemv(a, props_.multiProcessorCount, cuda_stream(current_)));
+  if (pt >= 0)
+    prof_.end(pt, cuda_stream(current_), strfmt("geglu %lldx%lld -> 2x%lld (gemv)", static_cast<long long>(a.x.rows()),
+                                                static_cast<long long>(a.w_gate.dim(1)),
+                                                static_cast<long long>(a.w_gate.dim(0))));
 }
 
 }  // namespace cuda

@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/op_profiler.h"
 
 namespace tandem::cuda {
 
@@ -48,6 +49,8 @@ class CudaBackend final : public Backend {
   Result<GraphId> capture(const std::function<Status()>& body) override;
   Status replay(GraphId graph) override;
   void release_graph(GraphId graph) override;
+  void set_profiling(bool on) override;
+  std::string profile_report(int forwards) override;
 
   void embedding(const EmbeddingArgs& a) override;
   void linear(const LinearArgs& a) override;
@@ -62,6 +65,7 @@ class CudaBackend final : public Backend {
   void argmax(const ArgmaxArgs& a) override;
   void moe_route(const MoeRouteArgs& a) override;
   void moe_experts(const MoeExpertsArgs& a) override;
+  void geglu(const GegluArgs& a) override;
 
   // CUDA extras (tests, benches, CUDA graphs later).
   [[nodiscard]] cudaStream_t cuda_stream(StreamId id) const;
@@ -98,6 +102,7 @@ class CudaBackend final : public Backend {
   Status pending_;
   bool capturing_ = false;                 // inside capture(): ops skip cudaSetDevice
   std::vector<cudaGraphExec_t> graphs_;    // by GraphId; released slots are null
+  OpProfiler prof_;
 };
 
 }  // namespace tandem::cuda

@@ -42,13 +42,6 @@ __global__ void softcap_kernel(Operand x, float cap, int64_t n) {
   }
 }
 
-// gelu with the tanh approximation, in PyTorch's order of operations.
-__device__ __forceinline__ float gelu_tanh(float x) {
-  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
-  constexpr float kKappa = 0.044715f;
-  const float inner = kBeta * (x + kKappa * (x * x * x));
-  return 0.5f * x * (1.f + tanhf(inner));
-}
 
 // up's rows may be strided (up_stride >= dim elements; = dim when contiguous).
 __global__ void gelu_mul_kernel(Operand out, Operand gate, Operand up, int64_t dim, int64_t up_stride, int64_t n) {
