@@ -1,6 +1,8 @@
 // CUDA mixture-of-experts parity against kernels/ref (spec §1.10, ops.h MoeRouteArgs / MoeExpertsArgs): routing
 // (softmax over all experts, top-k with ties to the lower index, renormalise, per-expert scale) with exact expert
-// indices, and the experts' GeGLU + down projection + weighted sum on odd and vector-friendly sizes, bf16 and f32.
+// indices, and the experts' GeGLU + down projection + weighted sum on odd and vector-friendly sizes, bf16 and f32:
+// Gemma 4 26B-A4B's shapes, tokens sharing experts, duplicate / invalid indices, token chunks, and a CUDA graph
+// replayed under new routing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -150,6 +152,242 @@ TEST_F(CudaOps, MoeExpertsOneExpertEqualsTheDenseMlp) {
   }
 }
 
+// Uniform values with standard deviation `stddev` from a fast LCG (the 26B-sized expert tensors hold 760M elements,
+// too many for std::normal_distribution in a unit test). Weights ~ 1/sqrt(fan_in) keep activations at unit scale.
+void fill_fast(HostTensor& t, uint32_t seed, double stddev) {
+  const auto a = static_cast<float>(stddev * std::sqrt(3.0));
+  uint32_t s = seed * 2654435761u + 12345u;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    s = s * 1664525u + 1013904223u;
+    t.set(i, a * (static_cast<float>(s >> 8) * (2.f / 16777216.f) - 1.f));
+  }
+}
+
+// idx / weights as the model routes them (ref::moe_route over uniform logits), uploaded. With period > 0, token t
+// takes token t % period's logits, so those tokens pick exactly the same experts.
+void route_random(DeviceTensor& idx, DeviceTensor& w, int64_t n_exp, uint32_t seed, int64_t period = 0) {
+  const int64_t n_tok = idx.t().shape[0];
+  const int k = static_cast<int>(idx.t().shape[1]);
+  HostTensor logits(kF32, {n_tok, n_exp}), pes(kF32, {n_exp});
+  std::mt19937 rng(seed);
+  logits.fill_uniform(rng, -3.f, 3.f);
+  pes.fill_uniform(rng, 0.5f, 1.5f);
+  if (period > 0) {
+    for (int64_t t = period; t < n_tok; ++t)
+      for (int64_t e = 0; e < n_exp; ++e) logits.set(t * n_exp + e, logits.get((t % period) * n_exp + e));
+  }
+  ref::moe_route({.idx = idx.host(), .weights = w.host(), .logits = logits, .per_expert_scale = pes, .k = k});
+  idx.upload();
+  w.upload();
+}
+
+int64_t distinct_experts(const HostTensor& idx) {
+  std::vector<int32_t> v(static_cast<size_t>(idx.numel()));
+  for (int64_t i = 0; i < idx.numel(); ++i) v[static_cast<size_t>(i)] = idx.geti(i);
+  std::sort(v.begin(), v.end());
+  return std::unique(v.begin(), v.end()) - v.begin();
+}
+
+// The most (token, slot) pairs any one expert serves.
+int64_t max_pairs_per_expert(const HostTensor& idx, int64_t n_exp) {
+  std::vector<int64_t> count(static_cast<size_t>(n_exp));
+  for (int64_t i = 0; i < idx.numel(); ++i) ++count[static_cast<size_t>(idx.geti(i))];
+  return *std::max_element(count.begin(), count.end());
+}
+
+// The reference output for the current host copies.
+HostTensor reference_experts(const DeviceTensor& gate_up, const DeviceTensor& down, const DeviceTensor& x,
+                             const DeviceTensor& idx, const DeviceTensor& w) {
+  HostTensor want(x.t().dtype, {x.t().shape[0], x.t().shape[1]});
+  ref::moe_experts({.out = want, .x = x.host(), .gate_up = gate_up.host(), .down = down.host(), .idx = idx.host(),
+                    .weights = w.host()});
+  return want;
+}
+
+// Runs moe_experts on a poisoned output and compares with the reference (the tolerances of MoeExpertsMatchReference).
+void expect_experts_match(cuda::CudaBackend& be, const DeviceTensor& gate_up, const DeviceTensor& down,
+                          const DeviceTensor& x, const DeviceTensor& idx, const DeviceTensor& w) {
+  DeviceTensor out(be, x.t().dtype, {x.t().shape[0], x.t().shape[1]});
+  out.poison();
+  be.moe_experts({.out = out, .x = x, .gate_up = gate_up, .down = down, .idx = idx, .weights = w});
+  out.download();
+  expect_close(out.host(), reference_experts(gate_up, down, x, idx, w), tolerance_for(x.t().dtype, /*is_linear=*/true));
+}
+
+TEST_F(CudaOps, MoeExpertsGemma26BShapes) {
+  // Gemma 4 26B-A4B: top-8 of 128 experts, d_model 2816, expert d_ff 704, bf16 weights; decode (1 token, 8
+  // distinct experts, one pair each) and verify sizes (4 and 9 tokens, some experts shared), bf16 and f32
+  // activations (16-byte loads of both).
+  const int64_t n_exp = 128, d_model = 2816, d_ff = 704;
+  const int k = 8;
+  DeviceTensor gate_up(be(), kBF16, {n_exp, 2 * d_ff, d_model}), down(be(), kBF16, {n_exp, d_model, d_ff});
+  fill_fast(gate_up.host(), 1, 1.0 / std::sqrt(static_cast<double>(d_model)));
+  fill_fast(down.host(), 2, 1.0 / std::sqrt(static_cast<double>(d_ff)));
+  gate_up.upload();
+  down.upload();
+  struct Run {
+    int64_t n_tok;
+    DType act;
+  };
+  uint32_t seed = 1500;
+  for (const Run& r : {Run{1, kBF16}, Run{1, kF32}, Run{4, kBF16}, Run{9, kBF16}}) {
+    SCOPED_TRACE(strfmt("26B experts, %lld tokens, act %s", static_cast<long long>(r.n_tok), dtype_name(r.act)));
+    DeviceTensor x(be(), r.act, {r.n_tok, d_model}), idx(be(), kI32, {r.n_tok, k}), w(be(), kF32, {r.n_tok, k});
+    std::mt19937 rng(seed++);
+    x.host().fill_normal(rng, 1.f);
+    x.upload();
+    route_random(idx, w, n_exp, seed++);
+    expect_experts_match(be(), gate_up, down, x, idx, w);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_F(CudaOps, MoeExpertsTokensShareExperts) {
+  // 9 tokens picking 8 of 16 experts: every expert serves 4.5 pairs on average, so some serve more than the 4 pairs
+  // a pass takes (several passes over the same rows); with period 3, tokens t, t + 3, t + 6 pick the same experts.
+  const int64_t n_exp = 16, d_model = 1024, d_ff = 256, n_tok = 9;
+  const int k = 8;
+  const DType combos[][2] = {{kBF16, kBF16}, {kBF16, kF32}, {kF32, kF32}};  // {weights, activations}
+  uint32_t seed = 1600;
+  for (const auto& dt : combos) {
+    for (int64_t period : {0, 3}) {
+      SCOPED_TRACE(strfmt("weights %s act %s, period %lld", dtype_name(dt[0]), dtype_name(dt[1]),
+                          static_cast<long long>(period)));
+      DeviceTensor gate_up(be(), dt[0], {n_exp, 2 * d_ff, d_model}), down(be(), dt[0], {n_exp, d_model, d_ff});
+      DeviceTensor x(be(), dt[1], {n_tok, d_model}), idx(be(), kI32, {n_tok, k}), w(be(), kF32, {n_tok, k});
+      std::mt19937 rng(seed++);
+      gate_up.host().fill_normal(rng, static_cast<float>(1.0 / std::sqrt(static_cast<double>(d_model))));
+      down.host().fill_normal(rng, static_cast<float>(1.0 / std::sqrt(static_cast<double>(d_ff))));
+      x.host().fill_normal(rng, 1.f);
+      for (DeviceTensor* t : {&gate_up, &down, &x}) t->upload();
+      route_random(idx, w, n_exp, seed++, period);
+      EXPECT_GT(max_pairs_per_expert(idx.host(), n_exp), 4);  // 72 pairs on at most 16 experts
+      expect_experts_match(be(), gate_up, down, x, idx, w);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST_F(CudaOps, MoeExpertsDuplicateAndInvalidIndices) {
+  // Not what a router writes, but the op's contract: an expert listed twice by one token counts twice (added in
+  // slot order), and a token with an index outside [0, n_experts) gets NaN without disturbing the other tokens.
+  const int64_t n_exp = 4, d_model = 64, d_ff = 16;
+  const int k = 3;
+  DeviceTensor gate_up(be(), kF32, {n_exp, 2 * d_ff, d_model}), down(be(), kF32, {n_exp, d_model, d_ff});
+  DeviceTensor x(be(), kF32, {3, d_model}), out(be(), kF32, {3, d_model});
+  DeviceTensor idx(be(), kI32, {3, k}), w(be(), kF32, {3, k});
+  fill_random(gate_up.host(), 11);
+  fill_random(down.host(), 12);
+  fill_random(x.host(), 13);
+  const int32_t ids[3][3] = {{2, 2, 0}, {1, 3, 2}, {0, static_cast<int32_t>(n_exp), 1}};
+  for (int t = 0; t < 3; ++t)
+    for (int j = 0; j < k; ++j) {
+      idx.host().seti(t * k + j, ids[t][j]);
+      w.host().set(t * k + j, 0.25f + 0.125f * static_cast<float>(t * k + j));
+    }
+  for (DeviceTensor* t : {&gate_up, &down, &x, &idx, &w}) t->upload();
+  out.poison();
+  be().moe_experts({.out = out, .x = x, .gate_up = gate_up, .down = down, .idx = idx, .weights = w});
+  out.download();
+  // The reference on the first two tokens (it rejects the invalid index).
+  HostTensor x2(kF32, {2, d_model}), idx2(kI32, {2, k}), w2(kF32, {2, k}), want(kF32, {2, d_model}),
+      got(kF32, {2, d_model});
+  for (int64_t i = 0; i < 2 * d_model; ++i) {
+    x2.set(i, x.host().get(i));
+    got.set(i, out.host().get(i));
+  }
+  for (int64_t i = 0; i < 2 * k; ++i) {
+    idx2.seti(i, idx.host().geti(i));
+    w2.set(i, w.host().get(i));
+  }
+  ref::moe_experts({.out = want, .x = x2, .gate_up = gate_up.host(), .down = down.host(), .idx = idx2, .weights = w2});
+  expect_close(got, want, tolerance_for(kF32, /*is_linear=*/true));
+  for (int64_t o = 0; o < d_model; ++o) EXPECT_TRUE(std::isnan(out.host().get(2 * d_model + o))) << "out " << o;
+}
+
+TEST_F(CudaOps, MoeExpertsChunkedTokens) {
+  // More pairs than one chunk takes (2048): 600 tokens x top-8 run in chunks of 256, 256 and 88 tokens; top-5 on
+  // odd sizes (one-element loads) in chunks of 409 and 191.
+  struct Case {
+    ExpertCase shape;
+    DType weights, act;
+  };
+  const Case cases[] = {{{32, 64, 32, 8}, kBF16, kBF16}, {{32, 64, 32, 8}, kF32, kF32}, {{9, 67, 37, 5}, kBF16, kF32}};
+  const int64_t n_tok = 600;
+  uint32_t seed = 1700;
+  for (const Case& c : cases) {
+    const ExpertCase& s = c.shape;
+    SCOPED_TRACE(strfmt("experts %lld d_model %lld d_ff %lld k %d, weights %s act %s, %lld tokens",
+                        static_cast<long long>(s.n_exp), static_cast<long long>(s.d_model),
+                        static_cast<long long>(s.d_ff), s.k, dtype_name(c.weights), dtype_name(c.act),
+                        static_cast<long long>(n_tok)));
+    DeviceTensor gate_up(be(), c.weights, {s.n_exp, 2 * s.d_ff, s.d_model}),
+        down(be(), c.weights, {s.n_exp, s.d_model, s.d_ff});
+    DeviceTensor x(be(), c.act, {n_tok, s.d_model}), idx(be(), kI32, {n_tok, s.k}), w(be(), kF32, {n_tok, s.k});
+    std::mt19937 rng(seed++);
+    gate_up.host().fill_normal(rng, static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.d_model))));
+    down.host().fill_normal(rng, static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.d_ff))));
+    x.host().fill_normal(rng, 1.f);
+    for (DeviceTensor* t : {&gate_up, &down, &x}) t->upload();
+    route_random(idx, w, s.n_exp, seed++);
+    expect_experts_match(be(), gate_up, down, x, idx, w);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_F(CudaOps, MoeExpertsGraphReplay) {
+  // Captured once, replayed after new routing, weights and inputs are written to the device: the launch sizes
+  // depend on n_tokens and k only, and the grouping by expert happens on the device at every replay. The routings
+  // range from all-distinct experts to every token on the same experts (most expert slots empty).
+  const int64_t n_exp = 32, d_model = 256, d_ff = 128, n_tok = 3;
+  const int k = 4;
+  DeviceTensor gate_up(be(), kBF16, {n_exp, 2 * d_ff, d_model}), down(be(), kBF16, {n_exp, d_model, d_ff});
+  DeviceTensor x(be(), kBF16, {n_tok, d_model}), out(be(), kBF16, {n_tok, d_model});
+  DeviceTensor idx(be(), kI32, {n_tok, k}), w(be(), kF32, {n_tok, k});
+  auto fill_inputs = [&](uint32_t seed) {
+    std::mt19937 rng(seed);
+    gate_up.host().fill_normal(rng, static_cast<float>(1.0 / std::sqrt(static_cast<double>(d_model))));
+    down.host().fill_normal(rng, static_cast<float>(1.0 / std::sqrt(static_cast<double>(d_ff))));
+    x.host().fill_normal(rng, 1.f);
+    for (DeviceTensor* t : {&gate_up, &down, &x}) t->upload();
+  };
+  const MoeExpertsArgs args{.out = out, .x = x, .gate_up = gate_up, .down = down, .idx = idx, .weights = w};
+  // One eager call first, as the engine warms up before capturing.
+  fill_inputs(1800);
+  route_random(idx, w, n_exp, 1801);
+  out.poison();
+  be().moe_experts(args);
+  out.download();
+  expect_close(out.host(), reference_experts(gate_up, down, x, idx, w), tolerance_for(kBF16, true));
+  Result<Backend::GraphId> graph = be().capture([&] {
+    be().moe_experts(args);
+    return ok_status();
+  });
+  ASSERT_TRUE(graph.ok()) << graph.status().to_string();
+  struct Replay {
+    uint32_t seed;
+    int64_t period;  // 0: independent tokens; 1: every token on token 0's experts
+    bool new_weights;
+  };
+  const Replay replays[] = {{1810, 0, false}, {1820, 1, false}, {1830, 0, true}, {1840, 1, true}};
+  for (const Replay& r : replays) {
+    SCOPED_TRACE(strfmt("replay seed %u period %lld%s", r.seed, static_cast<long long>(r.period),
+                        r.new_weights ? ", new weights" : ""));
+    if (r.new_weights) fill_inputs(r.seed + 1);
+    route_random(idx, w, n_exp, r.seed, r.period);
+    if (r.period == 1) {
+      EXPECT_EQ(distinct_experts(idx.host()), k);
+    }
+    out.poison();
+    const Status replayed = be().replay(*graph);
+    ASSERT_TRUE(replayed.ok()) << replayed.to_string();
+    out.download();
+    expect_close(out.host(), reference_experts(gate_up, down, x, idx, w), tolerance_for(kBF16, true));
+    if (HasFatalFailure()) break;
+  }
+  be().release_graph(*graph);
+}
+
 TEST_F(CudaOps, MoeUnsupportedDtypesAreRecordedNotFatal) {
   DeviceTensor logits(be(), DType::kF16, {2, 4}), pes(be(), kBF16, {4}), idx(be(), kI32, {2, 2}), w(be(), kF32, {2, 2});
   be().moe_route({.idx = idx, .weights = w, .logits = logits, .per_expert_scale = pes, .k = 2});
@@ -163,6 +401,11 @@ TEST_F(CudaOps, MoeUnsupportedDtypesAreRecordedNotFatal) {
   EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.to_string();
   out.download();
   EXPECT_FALSE(has_no_nan(out.host()));
+  // More experts than the on-device grouping takes (1024).
+  DeviceTensor many_gu(be(), kBF16, {1025, 8, 16}), many_dn(be(), kBF16, {1025, 16, 4});
+  be().moe_experts({.out = out, .x = x, .gate_up = many_gu, .down = many_dn, .idx = idx, .weights = w});
+  st = be().synchronize();
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.to_string();
 }
 
 }  // namespace

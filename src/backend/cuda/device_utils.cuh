@@ -52,6 +52,19 @@ __device__ __forceinline__ float round_to(DType t, float v) {
   return v;
 }
 
+// acc + the dot product of 8 bf16 pairs, each packed in a uint4 (one 16-byte load), in element order.
+__device__ __forceinline__ float dot8_bf16(const uint4& a, const uint4& b, float acc) {
+  const __nv_bfloat162* pa = reinterpret_cast<const __nv_bfloat162*>(&a);
+  const __nv_bfloat162* pb = reinterpret_cast<const __nv_bfloat162*>(&b);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 fa = __bfloat1622float2(pa[i]), fb = __bfloat1622float2(pb[i]);
+    acc = fmaf(fa.x, fb.x, acc);
+    acc = fmaf(fa.y, fb.y, acc);
+  }
+  return acc;
+}
+
 // gelu with the tanh approximation, in PyTorch's order of operations.
 __device__ __forceinline__ float gelu_tanh(float x) {
   constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)

@@ -23,19 +23,6 @@ constexpr int kWarps = kThreads / kWarp;
 constexpr int kMaxTokens = 9;
 constexpr int kMaxGegluTokens = 2;  // decode sizes, where the fused GEMV beats two cuBLASLt products
 
-// acc += dot of 8 bf16 pairs packed in two uint4.
-__device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float acc) {
-  const __nv_bfloat162* pa = reinterpret_cast<const __nv_bfloat162*>(&a);
-  const __nv_bfloat162* pb = reinterpret_cast<const __nv_bfloat162*>(&b);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 fa = __bfloat1622float2(pa[i]), fb = __bfloat1622float2(pb[i]);
-    acc = fmaf(fa.x, fb.x, acc);
-    acc = fmaf(fa.y, fb.y, acc);
-  }
-  return acc;
-}
-
 // M = 1 weight matrix (linear), or 2 (geglu: rows of w_gate in acc[0], of w_up = w2 in acc[1]).
 template <int T, int R, class TO, int M>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(TO* __restrict__ out, const bf16* __restrict__ x,
@@ -74,7 +61,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(TO* __restrict__ out, co
 #pragma unroll
       for (int m = 0; m < M; ++m)
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[m][r][t] = dot8(wc[m][r], xc, acc[m][r][t]);
+        for (int r = 0; r < R; ++r) acc[m][r][t] = dot8_bf16(wc[m][r], xc, acc[m][r][t]);
     }
   }
 

@@ -45,7 +45,9 @@ struct Scratch {
 // inside a graph capture with kv_end, the launch is sized for the storage's capacity)
 Status launch_attention(const AttentionArgs& a, const Scratch& scratch, cudaStream_t stream);
 
-// moe.cu (moe_experts keeps its [tokens, k, d_ff] intermediate in the scratch, token chunks if it must)
+// moe.cu (moe_experts, grouped by expert, keeps its grouping tables and its f32 intermediates h [pairs, d_ff] and
+// y [pairs, d_model] in the scratch, in token chunks when they do not fit; launch sizes depend on n_tokens and k
+// only, so it can be captured in a CUDA graph)
 Status launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
 Status launch_moe_experts(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream_t stream);
 

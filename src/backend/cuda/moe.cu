@@ -1,16 +1,26 @@
 // Mixture-of-experts on the GPU (spec §1.10, ops.h MoeRouteArgs / MoeExpertsArgs). moe_route: one warp per token,
 // f32 softmax over all experts, top-k by repeated warp argmax (ties to the lower expert), renormalised and scaled by
-// per_expert_scale. moe_experts, the simple version: kernel 1 computes h = gelu_tanh(G_e x) * (U_e x) for every
-// (token, selected expert) pair into the stream's workspace, one warp per row of G_e/U_e; kernel 2 computes each
-// output row as sum_j w_j (D_e h_j) with the experts of a token added in increasing index (as HF and the CPU), one
-// warp per output element, accumulated in f32 and rounded once. Issue 7's grouped-GEMM version will instead gather
-// the tokens of each expert and run [n_sel, d_model] x [2 d_ff, d_model]^T tensor-core GEMMs, so each expert's
-// weights are read once per forward (here they are re-read for every token that selected them, from L2 at best).
+// per_expert_scale. moe_experts, grouped by expert so each selected expert's weights stream from memory once per
+// chunk of tokens, in three launches whose sizes depend only on n_tokens and k (no host round trip: capturable in a
+// CUDA graph; a grid has one slot per possible distinct expert, min(n_tokens * k, n_experts), and slots past the
+// actual number of distinct experts exit at once):
+//  1. gate_up: every block groups the chunk's (token, slot) pairs by expert in shared memory (counts, a prefix sum
+//     over experts, pairs listed in increasing order: deterministic), takes the slot-th distinct expert e, streams R
+//     rows of G_e and the same R rows of U_e once in 16-byte chunks with all 256 threads striding over d_model, and
+//     writes h = gelu_tanh(G_e x_t) * (U_e x_t) for every pair of e (x rows from L1/L2), gate, up and h rounded to
+//     the activation dtype as HF's tensors are; h is f32 storage in the stream's workspace. Block 0 of each slot
+//     publishes the grouping for the next launch.
+//  2. down: y[pair] = D_e h[pair] in f32, each warp streaming R rows of D_e (rows of d_ff are short).
+//  3. combine: out[t] = sum_j w_j y[(t, j)], the token's experts added in increasing index (as HF and the CPU), in
+//     f32, rounded once.
+// Products accumulate in f32. f32 weights and unaligned or odd sizes take the same kernels with one-element loads.
+// Tokens are chunked so the tables, h and y fit the workspace.
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
@@ -24,8 +34,6 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kMaxTopK = 32;          // largest k the kernels take (Gemma 4 26B-A4B uses 8)
 constexpr int kRouteWarps = 4;        // tokens per routing block
-constexpr int kExpertWarps = 8;       // warps per expert block
-constexpr int64_t kRowsPerBlock = 32; // rows of G_e/U_e (kernel 1) or outputs (kernel 2) per block
 
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
@@ -100,138 +108,481 @@ __global__ void moe_route_kernel(int32_t* idx, float* weights, const TL* logits,
   }
 }
 
-// sum_i w[i] x[i] over one row, by a whole warp (every lane gets the sum). With `vec` (bf16 w, n % 8 == 0, w
-// 16-byte aligned) each lane reads 8 weights at once.
-template <class TW, class TX>
-__device__ __forceinline__ float warp_dot(const TW* w, const TX* x, int64_t n, bool vec) {
-  const int lane = threadIdx.x % kWarp;
-  float s = 0.f;
-  if constexpr (sizeof(TW) == 2) {
-    if (vec) {
-      for (int64_t i = lane * 8; i < n; i += 8 * kWarp) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(w + i);
-        const TW* e = reinterpret_cast<const TW*>(&raw);
-#pragma unroll
-        for (int c = 0; c < 8; ++c) s += to_f32(e[c]) * to_f32(x[i + c]);
-      }
-      return warp_sum(s);
-    }
-  }
-  for (int64_t i = lane; i < n; i += kWarp) s += to_f32(w[i]) * to_f32(x[i]);
-  return warp_sum(s);
-}
+// ---- moe_experts ----
 
-__device__ __forceinline__ float gelu_tanh(float x) {
-  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
-  constexpr float kKappa = 0.044715f;
-  return 0.5f * x * (1.f + tanhf(kBeta * (x + kKappa * (x * x * x))));
-}
+constexpr int kThreads = 256;                // threads per expert block
+constexpr int kWarps = kThreads / kWarp;
+constexpr int kMaxExperts = 1024;            // largest n_experts the in-block grouping takes (Gemma 4 has 128)
+constexpr int kMaxChunkPairs = 2048;         // (token, slot) pairs per chunk: bounds the grouping's shared memory
+constexpr int64_t kBlocksPerSm = 4;          // rows per block shrink until the grid fills every SM this often
 
-struct ExpertShape {
-  int64_t n_exp, d_model, d_ff, k;
-  int64_t pair0;   // first (token, slot) pair of this chunk: pair = t * k + j
-  DType act;       // the activation dtype: gate, up and h are rounded to it as HF's bf16 tensors are
-  bool vec_gu, vec_down;
+struct MoeShape {
+  int64_t n_exp, d_model, d_ff;
+  int k;
+  int n_pairs;  // (token, slot) pairs in this chunk, n_tokens * k; pair p = t * k + j, chunk-relative
+  DType act;    // the activation dtype: gate, up and h are rounded to it as HF's bf16 tensors are
 };
 
-// Block (pair0 + blockIdx.x, row block blockIdx.y): h[pair, f] for f in the block's rows.
-template <class TW, class TX>
-__global__ void __launch_bounds__(kExpertWarps * kWarp)
-    moe_gate_up_kernel(float* h, const TX* x, const TW* gate_up, const int32_t* idx, ExpertShape s) {
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const int64_t pair = s.pair0 + blockIdx.x, t = pair / s.k;
-  const int64_t e = idx[pair];
-  float* hr = h + static_cast<int64_t>(blockIdx.x) * s.d_ff;
-  const int64_t f0 = blockIdx.y * kRowsPerBlock, f1 = min(s.d_ff, f0 + kRowsPerBlock);
-  if (e < 0 || e >= s.n_exp) {  // the caller validated the indices; this only keeps a bug from reading wild memory
-    for (int64_t f = f0 + threadIdx.x; f < f1; f += blockDim.x) hr[f] = __int_as_float(0x7fc00000);
-    return;
-  }
-  const TX* xr = x + t * s.d_model;
-  const TW* g_rows = gate_up + e * 2 * s.d_ff * s.d_model;
-  const TW* u_rows = g_rows + s.d_ff * s.d_model;
-  for (int64_t f = f0 + warp; f < f1; f += kExpertWarps) {
-    const float g = round_to(s.act, warp_dot(g_rows + f * s.d_model, xr, s.d_model, s.vec_gu));
-    const float u = round_to(s.act, warp_dot(u_rows + f * s.d_model, xr, s.d_model, s.vec_gu));
-    if (lane == 0) hr[f] = round_to(s.act, round_to(s.act, gelu_tanh(g)) * u);
+// The grouping each chunk's gate_up kernel publishes (block x = 0 of every slot) for the down kernel, in the scratch.
+struct MoeTables {
+  int* expert;  // [slots] the slot-th distinct expert (increasing index); -1 for slots past the last
+  int* offset;  // [slots] where its pairs start in `pairs`
+  int* count;   // [slots] how many pairs chose it
+  int* pairs;   // [n_pairs] pair indices grouped by expert, increasing within an expert
+};
+
+// 16-byte chunks: 8 bf16 weights (uint4) against 8 bf16 (uint4) or 8 f32 (F8) activations. With V = 1 (f32
+// weights, or sizes / addresses that do not allow vector loads) a chunk is one element, already in f32.
+struct F8 {
+  float4 a, b;
+};
+
+template <int V, class T>
+__device__ __forceinline__ auto load_weights(const T* row, int64_t c) {
+  if constexpr (V == 8) {
+    static_assert(sizeof(T) == 2, "8-wide weight chunks are bf16");
+    return __ldcs(reinterpret_cast<const uint4*>(row) + c);  // streamed once: keep it out of L1
+  } else {
+    return to_f32(row[c]);
   }
 }
 
-// Block (token pair0 / k + blockIdx.x, output block blockIdx.y): out[t, o] = sum_j w_j D_e[o] . h_j, the token's
-// experts taken in increasing index (ties, which a router never produces, by slot).
-template <class TW, class TO>
-__global__ void __launch_bounds__(kExpertWarps * kWarp)
-    moe_down_kernel(TO* out, const float* h, const TW* down, const int32_t* idx, const float* weights, ExpertShape s) {
-  __shared__ int order[kMaxTopK];
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const int64_t t = s.pair0 / s.k + blockIdx.x;
-  const int32_t* it = idx + t * s.k;
-  if (threadIdx.x == 0) {
-    for (int j = 0; j < s.k; ++j) order[j] = j;
-    for (int a = 1; a < s.k; ++a)  // insertion sort by (expert, slot): stable, k is small
-      for (int b = a; b > 0 && it[order[b - 1]] > it[order[b]]; --b) {
-        const int tmp = order[b];
-        order[b] = order[b - 1];
-        order[b - 1] = tmp;
+template <int V, class T>
+__device__ __forceinline__ auto load_act(const T* row, int64_t c) {
+  if constexpr (V == 1) {
+    return to_f32(row[c]);
+  } else if constexpr (sizeof(T) == 2) {
+    return __ldg(reinterpret_cast<const uint4*>(row) + c);
+  } else {
+    const float4* q = reinterpret_cast<const float4*>(row) + 2 * c;
+    return F8{__ldg(q), __ldg(q + 1)};
+  }
+}
+
+__device__ __forceinline__ float fma_chunk(float w, float x, float acc) { return fmaf(w, x, acc); }
+
+__device__ __forceinline__ float fma_chunk(const uint4& w, const uint4& x, float acc) { return dot8_bf16(w, x, acc); }
+
+__device__ __forceinline__ float fma_chunk(const uint4& w, const F8& x, float acc) {
+  const __nv_bfloat162* pw = reinterpret_cast<const __nv_bfloat162*>(&w);
+  const float xs[8] = {x.a.x, x.a.y, x.a.z, x.a.w, x.b.x, x.b.y, x.b.z, x.b.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 fw = __bfloat1622float2(pw[i]);
+    acc = fmaf(fw.x, xs[2 * i], acc);
+    acc = fmaf(fw.y, xs[2 * i + 1], acc);
+  }
+  return acc;
+}
+
+// Per-thread partial dots of NR weight rows with the first np of P activation rows (np >= 1, the same in the whole
+// block): G threads stride together over the rows' n_chunks chunks, so each row streams through as G x 16-byte
+// coalesced reads. Each step first issues the loads of U chunks per row (U * NR loads in flight per thread, before
+// any branch on np), then accumulates. The caller reduces acc over the G threads.
+template <int G, int U, int V, int NR, int P, class TW, class TX>
+__device__ __forceinline__ void dot_rows(float (&acc)[NR][P], const TW* (&w)[NR], const TX* (&x)[P], int np,
+                                         int64_t n_chunks, int g_lane) {
+  using WChunk = decltype(load_weights<V>(w[0], 0));
+#pragma unroll
+  for (int r = 0; r < NR; ++r)
+#pragma unroll
+    for (int p = 0; p < P; ++p) acc[r][p] = 0.f;
+#pragma unroll 1
+  for (int64_t c0 = g_lane; c0 < n_chunks; c0 += U * G) {
+    WChunk wc[U][NR];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (u == 0 || c0 + u * G < n_chunks) {
+#pragma unroll
+        for (int r = 0; r < NR; ++r) wc[u][r] = load_weights<V>(w[r], c0 + u * G);
       }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = c0 + u * G;
+      if (u == 0 || c < n_chunks) {
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          if (p == 0 || p < np) {
+            const auto xc = load_act<V>(x[p], c);
+#pragma unroll
+            for (int r = 0; r < NR; ++r) acc[r][p] = fma_chunk(wc[u][r], xc, acc[r][p]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Exclusive prefix sum of v over the block's kThreads threads in thread order; *total gets the block's sum (in
+// every thread). s_warp holds kWarps ints; the caller must pass a barrier before it writes s_warp again.
+__device__ __forceinline__ int block_exclusive_scan(int v, int* s_warp, int* total) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  int incl = v;
+#pragma unroll
+  for (int off = 1; off < kWarp; off *= 2) {
+    const int n = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += n;
+  }
+  if (lane == kWarp - 1) s_warp[warp] = incl;
+  __syncthreads();
+  int before = 0, sum = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const int c = s_warp[w];
+    before += w < warp ? c : 0;
+    sum += c;
+  }
+  *total = sum;
+  return before + incl - v;
+}
+
+struct GroupSmem {
+  int idx[kMaxChunkPairs];   // the chunk's expert indices
+  int list[kMaxChunkPairs];  // the pairs of this block's expert, increasing
+  int count_of[kMaxExperts]; // pairs per expert
+  int warp[kWarps];
+  int expert, offset, count;  // this block's expert, its first entry in MoeTables::pairs, its number of pairs
+};
+
+// Groups the chunk's pairs by expert in shared memory, the same way in every block: counts per expert, an
+// exclusive prefix sum over experts, then this block's expert = the slot-th distinct valid one (increasing index)
+// and its pairs listed in increasing order (a ballot compaction per 256 pairs). Indices outside [0, n_exp) belong to
+// no expert (the combine kernel turns their tokens into NaN). Returns false, in the whole block, when there are at
+// most `slot` distinct experts.
+__device__ bool group_pairs(GroupSmem& g, const int32_t* idx, int n_pairs, int n_exp, int slot) {
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  for (int e = tid; e < n_exp; e += kThreads) g.count_of[e] = 0;
+  for (int i = tid; i < n_pairs; i += kThreads) g.idx[i] = idx[i];
+  __syncthreads();
+  for (int i = tid; i < n_pairs; i += kThreads) {
+    const int e = g.idx[i];
+    if (e >= 0 && e < n_exp) atomicAdd(&g.count_of[e], 1);  // integer counts: the order does not matter
   }
   __syncthreads();
-  const int64_t o0 = blockIdx.y * kRowsPerBlock, o1 = min(s.d_model, o0 + kRowsPerBlock);
-  for (int64_t o = o0 + warp; o < o1; o += kExpertWarps) {
-    float acc = 0.f;
-    for (int r = 0; r < s.k; ++r) {
-      const int j = order[r];
-      const int64_t e = it[j];
-      if (e < 0 || e >= s.n_exp) {
-        acc = __int_as_float(0x7fc00000);
-        break;
-      }
-      const float* hj = h + (t * s.k + j - s.pair0) * s.d_ff;
-      const float y = warp_dot(down + (e * s.d_model + o) * s.d_ff, hj, s.d_ff, s.vec_down);
-      acc += weights[t * s.k + j] * y;
-    }
-    if (lane == 0) out[t * s.d_model + o] = from_f32<TO>(acc);
+  // Thread tid owns experts [e0, e1), consecutive, so thread order is expert order.
+  const int per = (n_exp + kThreads - 1) / kThreads;
+  const int e0 = min(n_exp, tid * per), e1 = min(n_exp, e0 + per);
+  int present = 0, pairs = 0;
+  for (int e = e0; e < e1; ++e) {
+    const int c = g.count_of[e];
+    present += c > 0 ? 1 : 0;
+    pairs += c;
   }
+  // One scan of both counts, packed as present << 16 | pairs: neither field can carry into the other (at most
+  // kMaxExperts distinct experts and kMaxChunkPairs pairs).
+  static_assert(kMaxChunkPairs < (1 << 16) && kMaxExperts < (1 << 15), "packed scan fields");
+  int total = 0;
+  const int packed = block_exclusive_scan((present << 16) | pairs, g.warp, &total);
+  if (slot >= (total >> 16)) return false;  // fewer distinct experts than slot + 1 (the same in every thread)
+  int rank = packed >> 16, offset = packed & 0xffff;
+  for (int e = e0; e < e1; ++e) {
+    const int c = g.count_of[e];
+    if (c == 0) continue;
+    if (rank == slot) {  // exactly one thread
+      g.expert = e;
+      g.offset = offset;
+      g.count = c;
+    }
+    ++rank;
+    offset += c;
+  }
+  __syncthreads();
+  const int expert = g.expert;
+  int listed = 0;
+  for (int base = 0; base < n_pairs; base += kThreads) {
+    const int i = base + tid;
+    const bool match = i < n_pairs && g.idx[i] == expert;
+    const unsigned m = __ballot_sync(0xffffffffu, match);
+    if (lane == 0) g.warp[warp] = __popc(m);
+    __syncthreads();
+    int before = listed, tile = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const int c = g.warp[w];
+      before += w < warp ? c : 0;
+      tile += c;
+    }
+    if (match) g.list[before + __popc(m & ((1u << lane) - 1u))] = i;
+    listed += tile;
+    __syncthreads();
+  }
+  return true;
+}
+
+// Block (row block blockIdx.x, expert slot blockIdx.y): h[pair, f] = gelu_tanh(G_e[f] . x_t) * (U_e[f] . x_t) for
+// the R rows f of the block and every pair (t, j) that chose the block's expert e, P pairs per pass over the rows.
+template <class TW, class TX, int V, int R, int P>
+__global__ void __launch_bounds__(kThreads, 2)
+    moe_gate_up_kernel(float* __restrict__ h, MoeTables tab, const TX* __restrict__ x,
+                       const TW* __restrict__ gate_up, const int32_t* __restrict__ idx, MoeShape s) {
+  __shared__ GroupSmem g;
+  __shared__ float part[kWarps][2 * R * P];
+  const int slot = blockIdx.y;
+  const bool publish = blockIdx.x == 0;
+  if (!group_pairs(g, idx, s.n_pairs, static_cast<int>(s.n_exp), slot)) {
+    if (publish && threadIdx.x == 0) tab.expert[slot] = -1;
+    return;
+  }
+  const int e = g.expert, count = g.count;
+  if (publish) {
+    if (threadIdx.x == 0) {
+      tab.expert[slot] = e;
+      tab.offset[slot] = g.offset;
+      tab.count[slot] = count;
+    }
+    for (int q = threadIdx.x; q < count; q += kThreads) tab.pairs[g.offset + q] = g.list[q];
+  }
+  if (s.d_ff == 0) return;  // nothing to compute (the block-wide barriers are all behind us)
+
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int64_t f0 = static_cast<int64_t>(blockIdx.x) * R;
+  const TW* gate = gate_up + static_cast<int64_t>(e) * 2 * s.d_ff * s.d_model;
+  // Rows 0..R-1: G_e[f0 + r]; rows R..2R-1: U_e[f0 + r]. Rows past d_ff (the last block) re-read the last row.
+  const TW* w[2 * R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t f = min(f0 + r, s.d_ff - 1);
+    w[r] = gate + f * s.d_model;
+    w[R + r] = gate + (s.d_ff + f) * s.d_model;
+  }
+  const int64_t n_chunks = s.d_model / V;
+  for (int p0 = 0; p0 < count; p0 += P) {
+    const int np = min(P, count - p0);
+    const TX* xr[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p) xr[p] = x + static_cast<int64_t>(g.list[p0 + min(p, np - 1)] / s.k) * s.d_model;
+    float acc[2 * R][P];
+    dot_rows<kThreads, (P == 1 ? 2 : 1), V>(acc, w, xr, np, n_chunks, threadIdx.x);  // 2R or 4R loads in flight
+#pragma unroll
+    for (int r = 0; r < 2 * R; ++r)
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        if (p < np) {
+          const float v = warp_sum(acc[r][p]);
+          if (lane == 0) part[warp][r * P + p] = v;
+        }
+      }
+    __syncthreads();
+    if (threadIdx.x < R * P) {
+      const int r = threadIdx.x / P, p = threadIdx.x % P;
+      const int64_t f = f0 + r;
+      if (p < np && f < s.d_ff) {
+        float gs = 0.f, us = 0.f;
+#pragma unroll
+        for (int i = 0; i < kWarps; ++i) {
+          gs += part[i][r * P + p];
+          us += part[i][(R + r) * P + p];
+        }
+        const float gv = round_to(s.act, gs), uv = round_to(s.act, us);
+        h[static_cast<int64_t>(g.list[p0 + p]) * s.d_ff + f] = round_to(s.act, round_to(s.act, gelu_tanh(gv)) * uv);
+      }
+    }
+    __syncthreads();  // part[] is rewritten by the next pass
+  }
+}
+
+// Block (row block blockIdx.x, expert slot blockIdx.y): y[pair, o] = D_e[o] . h[pair] for every pair of the slot's
+// expert (the grouping gate_up published). d_ff rows are short (704 values for 26B-A4B), so each warp streams its
+// own R rows of D_e; the block's kWarps * R rows are consecutive.
+template <class TW, int V, int R, int P>
+__global__ void __launch_bounds__(kThreads, 2)
+    moe_down_kernel(float* __restrict__ y, MoeTables tab, const float* __restrict__ h, const TW* __restrict__ down,
+                    MoeShape s) {
+  const int slot = blockIdx.y;
+  const int e = tab.expert[slot];
+  if (e < 0) return;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * R;
+  if (o0 >= s.d_model) return;  // no block-wide barriers here: a warp may leave alone
+  const int offset = tab.offset[slot], count = tab.count[slot];
+  const TW* w[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) w[r] = down + (static_cast<int64_t>(e) * s.d_model + min(o0 + r, s.d_model - 1)) * s.d_ff;
+  const int64_t n_chunks = s.d_ff / V;
+  for (int p0 = 0; p0 < count; p0 += P) {
+    const int np = min(P, count - p0);
+    int pair[P];
+    const float* hr[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      pair[p] = tab.pairs[offset + p0 + min(p, np - 1)];
+      hr[p] = h + static_cast<int64_t>(pair[p]) * s.d_ff;
+    }
+    float acc[R][P];
+    dot_rows<kWarp, 3, V>(acc, w, hr, np, n_chunks, lane);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        if (p < np) {
+          const float v = warp_sum(acc[r][p]);
+          if (lane == 0 && o0 + r < s.d_model) y[static_cast<int64_t>(pair[p]) * s.d_model + o0 + r] = v;
+        }
+      }
+  }
+}
+
+// Block (output block blockIdx.x, token blockIdx.y of the chunk): out[t, o] = sum_j w_j y[t k + j, o], the token's
+// experts taken in increasing index (ties, which a router never produces, by slot) as HF and the CPU add them,
+// in f32, rounded once. A token with an index outside [0, n_experts) gets NaN (a bug upstream, made visible).
+template <class TO>
+__global__ void __launch_bounds__(kThreads)
+    moe_combine_kernel(TO* __restrict__ out, const float* __restrict__ y, const int32_t* __restrict__ idx,
+                       const float* __restrict__ weights, MoeShape s) {
+  __shared__ int order[kMaxTopK];
+  const int64_t t = blockIdx.y;
+  const int k = s.k;
+  const int32_t* it = idx + t * k;
+  int invalid = 0;
+  if (threadIdx.x < k) {  // slot j goes to its rank by (expert, slot)
+    const int j = threadIdx.x, e = it[j];
+    int rank = 0;
+    for (int i = 0; i < k; ++i) {
+      const int ei = it[i];
+      rank += (ei < e || (ei == e && i < j)) ? 1 : 0;
+    }
+    order[rank] = j;
+    invalid = (e < 0 || e >= s.n_exp) ? 1 : 0;
+  }
+  const bool bad = __syncthreads_or(invalid) != 0;
+  const int64_t o = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (o >= s.d_model) return;
+  float acc = 0.f;
+  if (bad) {
+    acc = __int_as_float(0x7fc00000);
+  } else {
+#pragma unroll 4
+    for (int r = 0; r < k; ++r) {
+      const int64_t p = t * k + order[r];
+      acc += weights[p] * y[p * s.d_model + o];
+    }
+  }
+  out[t * s.d_model + o] = from_f32<TO>(acc);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+// Rows per block (4, 2 or 1; each block covers rows_per_r * R rows): the most that still gives every SM
+// kBlocksPerSm blocks when all `slots` experts are distinct.
+int pick_rows(int64_t rows, int64_t rows_per_r, int64_t slots, int sm_count) {
+  const int64_t want = kBlocksPerSm * (sm_count > 0 ? sm_count : 132);
+  for (int r : {4, 2}) {
+    const int64_t unit = rows_per_r * r;
+    if ((rows + unit - 1) / unit * slots >= want) return r;
+  }
+  return 1;
+}
+
+// Calls f(integral_constant R, integral_constant P) for R in {1, 2, 4}, P in {1, 2, 4}.
+template <class F>
+void with_rows_pairs(int r, int p, F&& f) {
+  auto with_p = [&](auto rt) {
+    if (p == 1) {
+      f(rt, std::integral_constant<int, 1>{});
+    } else if (p == 2) {
+      f(rt, std::integral_constant<int, 2>{});
+    } else {
+      f(rt, std::integral_constant<int, 4>{});
+    }
+  };
+  if (r == 4) {
+    with_p(std::integral_constant<int, 4>{});
+  } else if (r == 2) {
+    with_p(std::integral_constant<int, 2>{});
+  } else {
+    with_p(std::integral_constant<int, 1>{});
+  }
+}
 
 template <class TW, class TX>
 Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream_t stream) {
-  ExpertShape s{};
+  MoeShape s{};
   s.n_exp = a.gate_up.shape[0];
   s.d_ff = a.gate_up.shape[1] / 2;
   s.d_model = a.gate_up.shape[2];
-  s.k = a.idx.dim(-1);
+  s.k = static_cast<int>(a.idx.dim(-1));
   s.act = a.out.dtype;
-  s.vec_gu = sizeof(TW) == 2 && s.d_model % 8 == 0 && aligned16(a.gate_up.data);
-  s.vec_down = sizeof(TW) == 2 && s.d_ff % 8 == 0 && aligned16(a.down.data);
   const int64_t n_tok = a.x.rows();
   if (n_tok == 0 || s.d_model == 0) return ok_status();
-  // Tokens per chunk: as many as the workspace holds h for (always at least one for any real shape).
-  const int64_t h_bytes_per_token = s.k * s.d_ff * static_cast<int64_t>(sizeof(float));
-  const int64_t chunk = std::min<int64_t>(n_tok, static_cast<int64_t>(scratch.bytes) / std::max<int64_t>(h_bytes_per_token, 1));
+  if (s.n_exp > kMaxExperts)
+    return unsupported(strfmt("cuda moe_experts: %lld experts (at most %d)", static_cast<long long>(s.n_exp),
+                              kMaxExperts));
+  // 16-byte loads of bf16 weights (and of x, whose rows are then 16-byte aligned too); else one element at a time.
+  const bool vec_gu = sizeof(TW) == 2 && s.d_model % 8 == 0 && aligned16(a.gate_up.data) && aligned16(a.x.data);
+  const bool vec_down = sizeof(TW) == 2 && s.d_ff % 8 == 0 && aligned16(a.down.data);
+
+  // Scratch: the tables (3 n_exp + pairs ints), h [pairs, d_ff] and y [pairs, d_model] f32, each 256-byte aligned
+  // (h rows are then 16-byte aligned for the down kernel's vector loads). Tokens per chunk: as many as fit, and at
+  // most kMaxChunkPairs pairs.
+  const int64_t fixed = 3 * s.n_exp * 4 + 3 * 256;
+  const int64_t per_token = s.k * ((s.d_ff + s.d_model) * 4 + 4);
+  const auto bytes = static_cast<int64_t>(scratch.bytes);
+  const int64_t fit = bytes > fixed ? (bytes - fixed) / per_token : 0;
+  const int64_t chunk = std::min<int64_t>({n_tok, kMaxChunkPairs / s.k, fit});
   if (chunk < 1 || scratch.data == nullptr)
-    return unsupported(strfmt("cuda moe_experts: k %lld x d_ff %lld needs more than the %zu-byte workspace",
-                              static_cast<long long>(s.k), static_cast<long long>(s.d_ff), scratch.bytes));
-  auto* h = static_cast<float*>(scratch.data);
+    return unsupported(strfmt("cuda moe_experts: k %d x (d_ff %lld + d_model %lld) needs more than the %zu-byte "
+                              "workspace", s.k, static_cast<long long>(s.d_ff), static_cast<long long>(s.d_model),
+                              scratch.bytes));
+  auto* base = static_cast<char*>(scratch.data);
+  MoeTables tab{};
+  tab.expert = reinterpret_cast<int*>(base);
+  tab.offset = tab.expert + s.n_exp;
+  tab.count = tab.offset + s.n_exp;
+  tab.pairs = tab.count + s.n_exp;
+  size_t off = align256(static_cast<size_t>(3 * s.n_exp + chunk * s.k) * 4);
+  auto* h = reinterpret_cast<float*>(base + off);
+  off = align256(off + static_cast<size_t>(chunk * s.k * s.d_ff) * 4);
+  auto* y = reinterpret_cast<float*>(base + off);
+  off += static_cast<size_t>(chunk * s.k * s.d_model) * 4;
+  if (off > scratch.bytes) return internal_error("cuda moe_experts: scratch layout overflows the workspace");
+
   const auto* x = static_cast<const TX*>(a.x.data);
   const auto* gate_up = static_cast<const TW*>(a.gate_up.data);
   const auto* down = static_cast<const TW*>(a.down.data);
   const auto* idx = static_cast<const int32_t*>(a.idx.data);
   const auto* w = static_cast<const float*>(a.weights.data);
-  const unsigned ff_blocks = static_cast<unsigned>(std::max<int64_t>(1, (s.d_ff + kRowsPerBlock - 1) / kRowsPerBlock));
-  const unsigned out_blocks = static_cast<unsigned>((s.d_model + kRowsPerBlock - 1) / kRowsPerBlock);
+  auto* out = static_cast<TX*>(a.out.data);
   for (int64_t t0 = 0; t0 < n_tok; t0 += chunk) {
     const int64_t nt = std::min(chunk, n_tok - t0);
-    s.pair0 = t0 * s.k;
-    if (s.d_ff > 0) {
-      moe_gate_up_kernel<TW, TX><<<dim3(static_cast<unsigned>(nt * s.k), ff_blocks), kExpertWarps * kWarp, 0, stream>>>(
-          h, x, gate_up, idx, s);
-      TANDEM_CUDA_TRY_LAUNCH();
-    }
-    moe_down_kernel<TW, TX><<<dim3(static_cast<unsigned>(nt), out_blocks), kExpertWarps * kWarp, 0, stream>>>(
-        static_cast<TX*>(a.out.data), h, down, idx, w, s);
+    s.n_pairs = static_cast<int>(nt * s.k);
+    // Launch sizes depend on the token count only (graph capture): one slot per possible distinct expert.
+    const int64_t slots = std::min<int64_t>(nt * s.k, s.n_exp);
+    const int pairs_per_pass = nt == 1 ? 1 : (nt == 2 ? 2 : 4);  // a token picks an expert once (router)
+    const TX* xc = x + t0 * s.d_model;
+    const int32_t* ic = idx + t0 * s.k;
+
+    const int r_gu = vec_gu ? pick_rows(s.d_ff, 1, slots, scratch.sm_count) : 1;
+    const dim3 gu_grid(static_cast<unsigned>(std::max<int64_t>(1, (s.d_ff + r_gu - 1) / r_gu)),
+                       static_cast<unsigned>(slots));
+    with_rows_pairs(r_gu, pairs_per_pass, [&](auto rt, auto pt) {
+      constexpr int R = decltype(rt)::value, P = decltype(pt)::value;
+      if (vec_gu) {
+        if constexpr (sizeof(TW) == 2)
+          moe_gate_up_kernel<TW, TX, 8, R, P><<<gu_grid, kThreads, 0, stream>>>(h, tab, xc, gate_up, ic, s);
+      } else if constexpr (R == 1) {
+        moe_gate_up_kernel<TW, TX, 1, 1, P><<<gu_grid, kThreads, 0, stream>>>(h, tab, xc, gate_up, ic, s);
+      }
+    });
+    TANDEM_CUDA_TRY_LAUNCH();
+
+    const int r_dn = vec_down ? pick_rows(s.d_model, kWarps, slots, scratch.sm_count) : 1;
+    const dim3 dn_grid(static_cast<unsigned>((s.d_model + kWarps * r_dn - 1) / (kWarps * r_dn)),
+                       static_cast<unsigned>(slots));
+    with_rows_pairs(r_dn, pairs_per_pass, [&](auto rt, auto pt) {
+      constexpr int R = decltype(rt)::value, P = decltype(pt)::value;
+      if (vec_down) {
+        if constexpr (sizeof(TW) == 2)
+          moe_down_kernel<TW, 8, R, P><<<dn_grid, kThreads, 0, stream>>>(y, tab, h, down, s);
+      } else if constexpr (R == 1) {
+        moe_down_kernel<TW, 1, 1, P><<<dn_grid, kThreads, 0, stream>>>(y, tab, h, down, s);
+      }
+    });
+    TANDEM_CUDA_TRY_LAUNCH();
+
+    const dim3 cb_grid(static_cast<unsigned>((s.d_model + kThreads - 1) / kThreads), static_cast<unsigned>(nt));
+    moe_combine_kernel<TX><<<cb_grid, kThreads, 0, stream>>>(out + t0 * s.d_model, y, ic, w + t0 * s.k, s);
     TANDEM_CUDA_TRY_LAUNCH();
   }
   return ok_status();
