@@ -4,7 +4,7 @@
 #   2. the CUDA model tests' measured lines ([bf16 ...], [graphs] ...);
 #   3. the demo pair on the GPU (`tandem generate --device cuda --compare`);
 #   4. `tandem bench --device cuda --arch A --profile` for each released architecture (random bf16 weights in GPU
-#      memory; the per-op profiles stay in the logs).
+#      memory; the per-op profiles stay in the logs), and one A/B bench with a switch flipped (GPU_LAB_AB_ENV).
 # Writes logs and RESULTS-gpu.md (the bench tables, to be appended to bench/RESULTS.md) under $OUT, snapshotting
 # them after each step so that a run cut short still returns what it measured. Needs .deps/ carried
 # (scripts/prepare-device-deps.sh). Time budget: GPU_LAB_BUDGET_S seconds (default 560); steps that no longer fit
@@ -50,6 +50,14 @@ for arch in ${GPU_LAB_ARCHS:-gemma4-e2b gemma4-e4b gemma4-26b-a4b gemma4-31b}; d
   run_step "bench $arch" 60 "bench_$arch.txt" $B/tandem bench --device cuda --arch "$arch" --iters 10 --max-k 8 \
     --profile --results "$work/logs/RESULTS-gpu.md"
 done
+# An A/B of the latest switch: the same bench with GPU_LAB_AB_ENV set (default TANDEM_PDL=0, programmatic
+# dependent launch off) on GPU_LAB_AB_ARCH, without the profile.
+ab_env=${GPU_LAB_AB_ENV-TANDEM_PDL=0}
+ab_arch=${GPU_LAB_AB_ARCH:-gemma4-e2b}
+if [ -n "$ab_env" ]; then
+  run_step "bench $ab_arch $ab_env" 30 "bench_ab_$ab_arch.txt" env "$ab_env" $B/tandem bench --device cuda \
+    --arch "$ab_arch" --iters 10 --max-k 8
+fi
 snap
 
 echo "=== gpu-check"

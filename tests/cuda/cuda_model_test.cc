@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels.h"
 #include "core/strings.h"
 #include "cuda/bf16_host_backend.h"
 #include "model/assistant.h"
@@ -443,16 +444,27 @@ TEST_P(CudaModel, GraphReplayEqualsEagerForwards) {
     }
     return rows;
   };
+  // Eager forwards without programmatic dependent launch are the baseline; eager and replayed ones with it (the
+  // default on sm_90+) must equal them bit for bit: pdl_enter() keeps every ordering between kernels.
+  const bool pdl = engine() == Engine::kCuda && cuda::programmatic_launch();
+  if (engine() == Engine::kCuda) cuda::set_programmatic_launch(false);
   const auto eager = run(false);
+  if (engine() == Engine::kCuda) cuda::set_programmatic_launch(pdl);
+  const auto eager_pdl = run(false);
   const auto replayed = run(true);
   const size_t graphs = target_->graph_count();
   ASSERT_EQ(eager.size(), replayed.size());
-  for (size_t i = 0; i < eager.size(); ++i) EXPECT_TRUE(eager[i] == replayed[i]) << "forward " << i << " differs";
+  ASSERT_EQ(eager.size(), eager_pdl.size());
+  for (size_t i = 0; i < eager.size(); ++i) {
+    EXPECT_TRUE(eager[i] == eager_pdl[i]) << "forward " << i << " differs with programmatic launch";
+    EXPECT_TRUE(eager[i] == replayed[i]) << "forward " << i << " differs when replayed";
+  }
   if (engine() == Engine::kCuda) {
     EXPECT_GE(graphs, 2u) << "decode and verify shapes should have been captured";
   }
-  std::printf("[graphs] %s: %zu forwards, %zu graphs, replayed logits %s eager ones\n", label().c_str(),
-              eager.size(), graphs, eager == replayed ? "bit-identical to" : "DIFFERENT from");
+  std::printf("[graphs] %s: %zu forwards, %zu graphs (programmatic launch %s), replayed logits %s eager ones\n",
+              label().c_str(), eager.size(), graphs, pdl ? "on" : "off",
+              eager == replayed && eager == eager_pdl ? "bit-identical to" : "DIFFERENT from");
 }
 
 const Fixture kFixtures[] = {{"e2b-tiny", "e2b-tiny-assistant"},

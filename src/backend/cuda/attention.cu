@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 #include "core/strings.h"
 
 namespace tandem::cuda {
@@ -76,6 +77,7 @@ __device__ __forceinline__ void load_pair(const T* row, int64_t d, int64_t hd, b
 // Block (row = t * n_heads + h, split = blockIdx.y). Lane `lane` owns head dims 2*lane + 64*i + {0, 1}, i < NP.
 template <class TQ, class TKV, int NP>
 __global__ void __launch_bounds__(kWarps * kWarp) attention_kernel(AttnParams p) {
+  pdl_enter();
   __shared__ float s_max[kWarps], s_sum[kWarps];
   __shared__ float s_acc[kWarps][kMaxHeadDim];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
@@ -175,6 +177,7 @@ __global__ void __launch_bounds__(kWarps * kWarp) attention_kernel(AttnParams p)
 // A split that saw no key has max -inf, sum 0 and acc 0: weight 0.
 template <class TQ>
 __global__ void attention_combine_kernel(void* out, const float* partial, int n_splits, int64_t hd) {
+  pdl_enter();
   __shared__ float s_w[kMaxAttnSplits];
   const int64_t row = blockIdx.x;
   const float* part = partial + row * n_splits * (hd + 2);
@@ -197,7 +200,7 @@ __global__ void attention_combine_kernel(void* out, const float* partial, int n_
 template <class TQ, class TKV, int NP>
 Status launch_typed(const AttnParams& p, int64_t rows, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(p.n_splits));
-  attention_kernel<TQ, TKV, NP><<<grid, kWarps * kWarp, 0, stream>>>(p);
+  launch_kernel(attention_kernel<TQ, TKV, NP>, grid, kWarps * kWarp, 0, stream, p);
   TANDEM_CUDA_TRY_LAUNCH();
   if (p.n_splits > 1)
     return launch_attention_combine(p.out, sizeof(TQ) == 2 ? DType::kBF16 : DType::kF32, p.partial, p.n_splits,
@@ -231,9 +234,9 @@ Status launch_attention_combine(void* out, DType out_dtype, const float* partial
     return invalid_argument(strfmt("cuda attention combine: %d splits (at most %d)", n_splits, kMaxAttnSplits));
   const unsigned grid = static_cast<unsigned>(rows);
   if (out_dtype == DType::kBF16)
-    attention_combine_kernel<bf16><<<grid, 128, 0, stream>>>(out, partial, n_splits, head_dim);
+    launch_kernel(attention_combine_kernel<bf16>, grid, 128, 0, stream, out, partial, n_splits, head_dim);
   else
-    attention_combine_kernel<float><<<grid, 128, 0, stream>>>(out, partial, n_splits, head_dim);
+    launch_kernel(attention_combine_kernel<float>, grid, 128, 0, stream, out, partial, n_splits, head_dim);
   TANDEM_CUDA_TRY_LAUNCH();
   return ok_status();
 }

@@ -19,6 +19,7 @@
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/warp_mma.cuh"
 
 namespace tandem::cuda {
@@ -81,6 +82,7 @@ struct DecodeParams {
 // O^T (head dims x rows) a thread holds rows 8j + 2tq, 8j + 2tq + 1 of n-tile j.
 template <int NW, int NT>
 __global__ void __launch_bounds__(32 * NW, 1) attention_decode_kernel(DecodeParams p) {
+  pdl_enter();
   using G = Geo<NW, NT>;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* s_kv = reinterpret_cast<bf16*>(smem);                        // [stage][K|V][key][16-byte chunk, swizzled]
@@ -397,7 +399,7 @@ Status launch_geo(DecodeParams p, const DecodeShape& s, const Scratch& scratch, 
   p.n_splits = choose_splits(s, p.head_dim, blocks_per_sm, scratch);
   const dim3 grid(static_cast<unsigned>(s.n_chunks), static_cast<unsigned>(p.n_splits),
                   static_cast<unsigned>(s.n_kv));
-  attention_decode_kernel<NW, NT><<<grid, G::kThreads, G::kSmem, stream>>>(p);
+  launch_kernel(attention_decode_kernel<NW, NT>, grid, G::kThreads, G::kSmem, stream, p);
   TANDEM_CUDA_TRY_LAUNCH();
   if (p.n_splits == 1) return ok_status();
   return launch_attention_combine(p.out, DType::kBF16, p.partial, p.n_splits, s.rows_out, p.head_dim, stream);

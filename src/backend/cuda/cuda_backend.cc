@@ -3,6 +3,8 @@
 // kernels of kernels.h / gemm.h on the current stream. Also make_cuda_backend() of backend.h.
 #include "backend/cuda/cuda_backend.h"
 
+#include <cstdlib>
+#include <string_view>
 #include <utility>
 
 #include "backend/cuda/cuda_check.h"
@@ -84,6 +86,8 @@ Status CudaBackend::init() {
     return unsupported(strfmt("%s (sm_%d%d) cannot run this build's kernels (built for CUDA architectures %s): %s",
                               props_.name, props_.major, props_.minor, TANDEM_CUDA_ARCHS, image.message().c_str()));
   }
+  const char* pdl = std::getenv("TANDEM_PDL");
+  set_programmatic_launch(props_.major >= 9 && !(pdl != nullptr && std::string_view(pdl) == "0"));
   TANDEM_TRY(add_stream());
   TANDEM_ASSIGN_OR_RETURN(gemm_, Gemm::create(props_.multiProcessorCount));
   TANDEM_LOG_DEBUG("cuda:%d: %s, sm_%d%d, %s", index_, props_.name, props_.major, props_.minor,

@@ -93,6 +93,19 @@ __device__ __forceinline__ float block_sum(float v) {
   return v;
 }
 
+// Programmatic dependent launch (sm_90+; the host side is launch.cuh). Every kernel calls this first, before it
+// reads or writes global memory: it waits until the kernel before it on the stream has completed and its writes are
+// visible (griddepcontrol.wait), then lets the next kernel start launching (griddepcontrol.launch_dependents), so
+// the next kernel's launch overlaps this one's run instead of following its end. Waiting first keeps every
+// read-after-write and write-after-read order between kernels exactly as without it. No-op below sm_90 and for
+// launches without the attribute.
+__device__ __forceinline__ void pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Blocks for a grid-stride loop over n items with `threads` per block (capped; the loop covers the rest).
 inline unsigned grid_for(int64_t n, int threads) {
   const int64_t blocks = (n + threads - 1) / threads;

@@ -5,6 +5,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 #include "core/strings.h"
 
 namespace tandem::cuda {
@@ -26,16 +27,19 @@ Operand operand(const Tensor& t) { return {t.data, t.dtype}; }
 bool is_float(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
 
 __global__ void add_kernel(Operand out, Operand a, Operand b, float b_scale, int64_t n) {
+  pdl_enter();
   TANDEM_GRID_STRIDE(i, n) {
     store_f32(out.data, out.dtype, i, load_f32(a.data, a.dtype, i) + load_f32(b.data, b.dtype, i) * b_scale);
   }
 }
 
 __global__ void scale_kernel(Operand x, float s, int64_t n) {
+  pdl_enter();
   TANDEM_GRID_STRIDE(i, n) { store_f32(x.data, x.dtype, i, load_f32(x.data, x.dtype, i) * s); }
 }
 
 __global__ void softcap_kernel(Operand x, float cap, int64_t n) {
+  pdl_enter();
   TANDEM_GRID_STRIDE(i, n) {
     const float v = round_to(x.dtype, load_f32(x.data, x.dtype, i) / cap);
     store_f32(x.data, x.dtype, i, round_to(x.dtype, tanhf(v)) * cap);
@@ -45,6 +49,7 @@ __global__ void softcap_kernel(Operand x, float cap, int64_t n) {
 
 // up's rows may be strided (up_stride >= dim elements; = dim when contiguous).
 __global__ void gelu_mul_kernel(Operand out, Operand gate, Operand up, int64_t dim, int64_t up_stride, int64_t n) {
+  pdl_enter();
   TANDEM_GRID_STRIDE(i, n) {
     const float g = round_to(out.dtype, gelu_tanh(load_f32(gate.data, gate.dtype, i)));
     store_f32(out.data, out.dtype, i, g * load_f32(up.data, up.dtype, i / dim * up_stride + i % dim));
@@ -55,6 +60,7 @@ __global__ void gelu_mul_kernel(Operand out, Operand gate, Operand up, int64_t d
 // (ids are validated on the host before they get here; this only keeps a bug from corrupting memory).
 __global__ void embedding_kernel(Operand out, Operand table, const int32_t* ids, int64_t n_vocab, int64_t dim,
                                  int64_t row_stride, float scale, int64_t n) {
+  pdl_enter();
   TANDEM_GRID_STRIDE(i, n) {
     const int64_t t = i / dim, d = i % dim;
     const int64_t id = ids[t];
@@ -77,11 +83,15 @@ Status check_kernel_image() {
   return TANDEM_CUDA_STATUS(cudaFuncGetAttributes(&attr, scale_kernel));
 }
 
+void set_programmatic_launch(bool on) { pdl_flag().store(on, std::memory_order_relaxed); }
+bool programmatic_launch() { return pdl_enabled(); }
+
 Status launch_add(const AddArgs& a, cudaStream_t stream) {
   TANDEM_TRY(check_float("add", {&a.out, &a.a, &a.b}));
   const int64_t n = a.out.numel();
   if (n == 0) return ok_status();
-  add_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(operand(a.out), operand(a.a), operand(a.b), a.b_scale, n);
+  launch_kernel(add_kernel, grid_for(n, kThreads), kThreads, 0, stream, operand(a.out), operand(a.a), operand(a.b),
+                a.b_scale, n);
   TANDEM_CUDA_TRY_LAUNCH();
   return ok_status();
 }
@@ -90,7 +100,7 @@ Status launch_scale(const ScaleArgs& a, cudaStream_t stream) {
   TANDEM_TRY(check_float("scale", {&a.x}));
   const int64_t n = a.x.numel();
   if (n == 0) return ok_status();
-  scale_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(operand(a.x), a.s, n);
+  launch_kernel(scale_kernel, grid_for(n, kThreads), kThreads, 0, stream, operand(a.x), a.s, n);
   TANDEM_CUDA_TRY_LAUNCH();
   return ok_status();
 }
@@ -99,7 +109,7 @@ Status launch_softcap(const SoftcapArgs& a, cudaStream_t stream) {
   TANDEM_TRY(check_float("softcap", {&a.x}));
   const int64_t n = a.x.numel();
   if (n == 0) return ok_status();
-  softcap_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(operand(a.x), a.cap, n);
+  launch_kernel(softcap_kernel, grid_for(n, kThreads), kThreads, 0, stream, operand(a.x), a.cap, n);
   TANDEM_CUDA_TRY_LAUNCH();
   return ok_status();
 }
@@ -110,8 +120,8 @@ Status launch_gelu_mul(const GeluMulArgs& a, cudaStream_t stream) {
   if (n == 0) return ok_status();
   const int64_t dim = a.up.dim(-1);
   const int64_t up_stride = a.up.is_contiguous() ? dim : a.up.stride[0];
-  gelu_mul_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(operand(a.out), operand(a.gate), operand(a.up),
-                                                                  dim, up_stride, n);
+  launch_kernel(gelu_mul_kernel, grid_for(n, kThreads), kThreads, 0, stream, operand(a.out), operand(a.gate),
+                operand(a.up), dim, up_stride, n);
   TANDEM_CUDA_TRY_LAUNCH();
   return ok_status();
 }
@@ -120,8 +130,8 @@ Status launch_embedding(const EmbeddingArgs& a, cudaStream_t stream) {
   TANDEM_TRY(check_float("embedding", {&a.out, &a.table}));
   const int64_t dim = a.table.dim(1), n = a.out.numel();
   if (n == 0) return ok_status();
-  embedding_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-      operand(a.out), operand(a.table), static_cast<const int32_t*>(a.ids.data), a.table.dim(0), dim, a.table.stride[0], a.scale, n);
+  launch_kernel(embedding_kernel, grid_for(n, kThreads), kThreads, 0, stream, operand(a.out), operand(a.table),
+                static_cast<const int32_t*>(a.ids.data), a.table.dim(0), dim, a.table.stride[0], a.scale, n);
   TANDEM_CUDA_TRY_LAUNCH();
   return ok_status();
 }

@@ -1,8 +1,6 @@
 // linear() on the GPU: the cuBLASLt path (bf16 x bf16 -> bf16/f32, fp32 accumulation, TN layout) with a plan
 // cache, and the plain fallback kernel for every other shape and dtype (see gemm.h). Numerics: products of bf16
 // are exact in f32 and accumulate in f32 on both paths; the output is rounded once (ops.h, spec §1.13).
-#include "backend/cuda/gemm.h"
-
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -11,7 +9,9 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 #include "core/strings.h"
 
 namespace tandem::cuda {
@@ -24,6 +24,7 @@ constexpr int kWarpsPerBlock = 8;
 template <class TW, class TX, class TO>
 __global__ void linear_simple_kernel(TO* out, const TX* x, const TW* w, int64_t n_tok, int64_t n_out, int64_t n_in,
                                      float alpha, bool accumulate) {
+  pdl_enter();
   const int lane = threadIdx.x % kWarp;
   const int64_t o = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   if (o >= n_out) return;  // the whole warp leaves together
@@ -46,9 +47,9 @@ Status simple_typed(const LinearArgs& a, cudaStream_t stream) {
   const int64_t n_tok = a.x.rows(), n_out = a.w.dim(0), n_in = a.w.dim(1);
   const dim3 grid(static_cast<unsigned>((n_out + kWarpsPerBlock - 1) / kWarpsPerBlock),
                   static_cast<unsigned>(std::min<int64_t>(n_tok, 65535)));
-  linear_simple_kernel<TW, TX, TO><<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(
-      static_cast<TO*>(a.out.data), static_cast<const TX*>(a.x.data), static_cast<const TW*>(a.w.data), n_tok, n_out,
-      n_in, a.alpha, a.accumulate);
+  launch_kernel(linear_simple_kernel<TW, TX, TO>, grid, kWarpsPerBlock * kWarp, 0, stream, static_cast<TO*>(a.out.data),
+                static_cast<const TX*>(a.x.data), static_cast<const TW*>(a.w.data), n_tok, n_out, n_in, a.alpha,
+                a.accumulate);
   TANDEM_CUDA_TRY_LAUNCH();
   return ok_status();
 }

@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 #include "core/strings.h"
 
 namespace tandem::cuda {
@@ -28,6 +29,7 @@ template <int T, int R, class TO, int M>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(TO* __restrict__ out, const bf16* __restrict__ x,
                                                         const bf16* __restrict__ w, const bf16* __restrict__ w2,
                                                         int64_t n_out, int64_t n_in, float alpha, bool accumulate) {
+  pdl_enter();
   __shared__ float partial[kWarps][M * R * T];
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * R;
   const int64_t chunks = n_in / 8;
@@ -108,9 +110,9 @@ Status launch_rows(const LinearArgs& a, const void* w2, int sm_count, cudaStream
   auto go = [&](auto r_tag) -> Status {
     constexpr int R = decltype(r_tag)::value;
     const auto blocks = static_cast<unsigned>((n_out + R - 1) / R);
-    gemv_kernel<T, R, TO, M><<<blocks, kThreads, 0, stream>>>(
-        static_cast<TO*>(a.out.data), static_cast<const bf16*>(a.x.data), static_cast<const bf16*>(a.w.data),
-        static_cast<const bf16*>(w2), n_out, n_in, a.alpha, a.accumulate);
+    launch_kernel(gemv_kernel<T, R, TO, M>, blocks, kThreads, 0, stream, static_cast<TO*>(a.out.data),
+                  static_cast<const bf16*>(a.x.data), static_cast<const bf16*>(a.w.data), static_cast<const bf16*>(w2),
+                  n_out, n_in, a.alpha, a.accumulate);
     TANDEM_CUDA_TRY_LAUNCH();
     return ok_status();
   };

@@ -21,6 +21,10 @@ Status launch_rope(const RopeArgs& a, cudaStream_t stream);
 // Whether this build holds kernel code the current device can run (a clear error instead of failing launches
 // when tandem was built for another architecture than the GPU's).
 Status check_kernel_image();
+// Programmatic dependent launch for every kernel launched after this (launch.cuh); CudaBackend turns it on for
+// sm_90 and newer unless TANDEM_PDL=0.
+void set_programmatic_launch(bool on);
+bool programmatic_launch();
 Status launch_embedding(const EmbeddingArgs& a, cudaStream_t stream);
 Status launch_add(const AddArgs& a, cudaStream_t stream);
 Status launch_scale(const ScaleArgs& a, cudaStream_t stream);

@@ -3,6 +3,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 #include "core/strings.h"
 
 namespace tandem::cuda {
@@ -25,6 +26,7 @@ struct KvSrc {
 // skipped (the caller validated positions on the host; this only keeps a bug from writing out of bounds).
 __global__ void kv_write_kernel(KvDst k, KvDst v, KvSrc k_new, KvSrc v_new, const int32_t* pos, int64_t capacity,
                                 bool ring, int64_t n_kv, int64_t head_dim, int64_t n) {
+  pdl_enter();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t d = i % head_dim, h = (i / head_dim) % n_kv, t = i / (head_dim * n_kv);
@@ -47,9 +49,9 @@ Status launch_kv_write(const KvWriteArgs& a, cudaStream_t stream) {
   if (n == 0) return ok_status();
   const KvDst k{a.kv.k.data, a.kv.k.dtype, a.kv.k.stride[0], a.kv.k.stride[1]};
   const KvDst v{a.kv.v.data, a.kv.v.dtype, a.kv.v.stride[0], a.kv.v.stride[1]};
-  kv_write_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-      k, v, {a.k_new.data, a.k_new.dtype}, {a.v_new.data, a.v_new.dtype}, static_cast<const int32_t*>(a.pos.data),
-      a.kv.capacity(), a.kv.ring, a.k_new.shape[1], a.k_new.shape[2], n);
+  launch_kernel(kv_write_kernel, grid_for(n, kThreads), kThreads, 0, stream, k, v, KvSrc{a.k_new.data, a.k_new.dtype},
+                KvSrc{a.v_new.data, a.v_new.dtype}, static_cast<const int32_t*>(a.pos.data), a.kv.capacity(), a.kv.ring,
+                a.k_new.shape[1], a.k_new.shape[2], n);
   TANDEM_CUDA_TRY_LAUNCH();
   return ok_status();
 }

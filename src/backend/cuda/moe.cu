@@ -25,6 +25,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 #include "core/strings.h"
 
 namespace tandem::cuda {
@@ -52,6 +53,7 @@ __device__ __forceinline__ bool ranks_before(float v, int i, float bv, int bi) {
 template <class TL>
 __global__ void moe_route_kernel(int32_t* idx, float* weights, const TL* logits, const void* pes, DType pes_dtype,
                                  int64_t n_tok, int n_exp, int k) {
+  pdl_enter();
   const int lane = threadIdx.x % kWarp;
   const int64_t t = blockIdx.x * static_cast<int64_t>(kRouteWarps) + threadIdx.x / kWarp;
   if (t >= n_tok) return;  // the whole warp leaves together
@@ -316,6 +318,7 @@ template <class TW, class TX, int V, int R, int P>
 __global__ void __launch_bounds__(kThreads, 2)
     moe_gate_up_kernel(float* __restrict__ h, MoeTables tab, const TX* __restrict__ x,
                        const TW* __restrict__ gate_up, const int32_t* __restrict__ idx, MoeShape s) {
+  pdl_enter();
   __shared__ GroupSmem g;
   __shared__ float part[kWarps][2 * R * P];
   const int slot = blockIdx.y;
@@ -389,6 +392,7 @@ template <class TW, int V, int R, int P>
 __global__ void __launch_bounds__(kThreads, 2)
     moe_down_kernel(float* __restrict__ y, MoeTables tab, const float* __restrict__ h, const TW* __restrict__ down,
                     MoeShape s) {
+  pdl_enter();
   const int slot = blockIdx.y;
   const int e = tab.expert[slot];
   if (e < 0) return;
@@ -430,6 +434,7 @@ template <class TO>
 __global__ void __launch_bounds__(kThreads)
     moe_combine_kernel(TO* __restrict__ out, const float* __restrict__ y, const int32_t* __restrict__ idx,
                        const float* __restrict__ weights, MoeShape s) {
+  pdl_enter();
   __shared__ int order[kMaxTopK];
   const int64_t t = blockIdx.y;
   const int k = s.k;
@@ -560,9 +565,9 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
       constexpr int R = decltype(rt)::value, P = decltype(pt)::value;
       if (vec_gu) {
         if constexpr (sizeof(TW) == 2)
-          moe_gate_up_kernel<TW, TX, 8, R, P><<<gu_grid, kThreads, 0, stream>>>(h, tab, xc, gate_up, ic, s);
+          launch_kernel(moe_gate_up_kernel<TW, TX, 8, R, P>, gu_grid, kThreads, 0, stream, h, tab, xc, gate_up, ic, s);
       } else if constexpr (R == 1) {
-        moe_gate_up_kernel<TW, TX, 1, 1, P><<<gu_grid, kThreads, 0, stream>>>(h, tab, xc, gate_up, ic, s);
+        launch_kernel(moe_gate_up_kernel<TW, TX, 1, 1, P>, gu_grid, kThreads, 0, stream, h, tab, xc, gate_up, ic, s);
       }
     });
     TANDEM_CUDA_TRY_LAUNCH();
@@ -574,15 +579,15 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
       constexpr int R = decltype(rt)::value, P = decltype(pt)::value;
       if (vec_down) {
         if constexpr (sizeof(TW) == 2)
-          moe_down_kernel<TW, 8, R, P><<<dn_grid, kThreads, 0, stream>>>(y, tab, h, down, s);
+          launch_kernel(moe_down_kernel<TW, 8, R, P>, dn_grid, kThreads, 0, stream, y, tab, h, down, s);
       } else if constexpr (R == 1) {
-        moe_down_kernel<TW, 1, 1, P><<<dn_grid, kThreads, 0, stream>>>(y, tab, h, down, s);
+        launch_kernel(moe_down_kernel<TW, 1, 1, P>, dn_grid, kThreads, 0, stream, y, tab, h, down, s);
       }
     });
     TANDEM_CUDA_TRY_LAUNCH();
 
     const dim3 cb_grid(static_cast<unsigned>((s.d_model + kThreads - 1) / kThreads), static_cast<unsigned>(nt));
-    moe_combine_kernel<TX><<<cb_grid, kThreads, 0, stream>>>(out + t0 * s.d_model, y, ic, w + t0 * s.k, s);
+    launch_kernel(moe_combine_kernel<TX>, cb_grid, kThreads, 0, stream, out + t0 * s.d_model, y, ic, w + t0 * s.k, s);
     TANDEM_CUDA_TRY_LAUNCH();
   }
   return ok_status();
@@ -606,13 +611,13 @@ Status launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
   auto* idx = static_cast<int32_t*>(a.idx.data);
   auto* w = static_cast<float*>(a.weights.data);
   if (a.logits.dtype == DType::kBF16) {
-    moe_route_kernel<<<grid, kRouteWarps * kWarp, 0, stream>>>(idx, w, static_cast<const bf16*>(a.logits.data),
-                                                               a.per_expert_scale.data, pt, n_tok,
-                                                               static_cast<int>(n_exp), a.k);
+    launch_kernel(moe_route_kernel<bf16>, grid, kRouteWarps * kWarp, 0, stream, idx, w,
+                  static_cast<const bf16*>(a.logits.data), a.per_expert_scale.data, pt, n_tok, static_cast<int>(n_exp),
+                  a.k);
   } else {
-    moe_route_kernel<<<grid, kRouteWarps * kWarp, 0, stream>>>(idx, w, static_cast<const float*>(a.logits.data),
-                                                               a.per_expert_scale.data, pt, n_tok,
-                                                               static_cast<int>(n_exp), a.k);
+    launch_kernel(moe_route_kernel<float>, grid, kRouteWarps * kWarp, 0, stream, idx, w,
+                  static_cast<const float*>(a.logits.data), a.per_expert_scale.data, pt, n_tok, static_cast<int>(n_exp),
+                  a.k);
   }
   TANDEM_CUDA_TRY_LAUNCH();
   return ok_status();

@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 #include "core/strings.h"
 
 namespace tandem::cuda {
@@ -127,6 +128,7 @@ __device__ __forceinline__ float row_inv_rms(const TX* xr, int64_t dim, int n_ac
 // works; each element of x and residual is read before it is written by the same thread, so out may alias either.
 template <class TX, class TO, int V>
 __global__ void rms_norm_kernel(TO* out, const TX* x, NormWeight w, NormEpilogue e, int64_t dim, float eps) {
+  pdl_enter();
   const TX* xr = x + blockIdx.x * dim;
   TO* outr = out + blockIdx.x * dim;
   const TO* resr = e.residual ? static_cast<const TO*>(e.residual) + blockIdx.x * dim : nullptr;
@@ -184,9 +186,9 @@ Status rms_norm_typed(const RmsNormArgs& a, cudaStream_t stream) {
   const auto* x = static_cast<const TX*>(a.x.data);
   const auto grid = static_cast<unsigned>(rows);
   if (g.v == 8) {
-    rms_norm_kernel<TX, TO, 8><<<grid, g.threads, 0, stream>>>(out, x, w, e, dim, a.eps);
+    launch_kernel(rms_norm_kernel<TX, TO, 8>, grid, g.threads, 0, stream, out, x, w, e, dim, a.eps);
   } else {
-    rms_norm_kernel<TX, TO, 1><<<grid, g.threads, 0, stream>>>(out, x, w, e, dim, a.eps);
+    launch_kernel(rms_norm_kernel<TX, TO, 1>, grid, g.threads, 0, stream, out, x, w, e, dim, a.eps);
   }
   TANDEM_CUDA_TRY_LAUNCH();
   return ok_status();
@@ -214,6 +216,7 @@ __device__ __forceinline__ void rope_pair(float& x1, float& x2, float c, float s
 template <class T>
 __global__ void rope_kernel(T* x, const int32_t* pos, const float* inv_freq, int64_t n_heads, int64_t head_dim,
                             int64_t n_pairs) {
+  pdl_enter();
   const int64_t half = head_dim / 2;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n_pairs;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -243,6 +246,7 @@ __device__ __forceinline__ float weight_at(const NormWeight& w, int64_t i) {
 template <class T, int V>
 __global__ void rms_norm_rope_kernel(T* out, const T* x, NormWeight w, const int32_t* pos, const float* inv_freq,
                                      int64_t n_heads, int64_t head_dim, int n_active, float eps) {
+  pdl_enter();
   const int64_t row = blockIdx.x, half = head_dim / 2;
   const T* xr = x + row * head_dim;
   T* outr = out + row * head_dim;
@@ -278,11 +282,11 @@ Status rms_norm_rope_typed(const RmsNormArgs& a, cudaStream_t stream) {
   const auto grid = static_cast<unsigned>(rows);
   const int64_t n_heads = rows / n_tok;
   if (g.v == 8) {
-    rms_norm_rope_kernel<T, 8><<<grid, threads, 0, stream>>>(out, x, w, pos, inv_freq, n_heads, head_dim, g.threads,
-                                                             a.eps);
+    launch_kernel(rms_norm_rope_kernel<T, 8>, grid, threads, 0, stream, out, x, w, pos, inv_freq, n_heads, head_dim,
+                  g.threads, a.eps);
   } else {
-    rms_norm_rope_kernel<T, 1><<<grid, threads, 0, stream>>>(out, x, w, pos, inv_freq, n_heads, head_dim, g.threads,
-                                                             a.eps);
+    launch_kernel(rms_norm_rope_kernel<T, 1>, grid, threads, 0, stream, out, x, w, pos, inv_freq, n_heads, head_dim,
+                  g.threads, a.eps);
   }
   TANDEM_CUDA_TRY_LAUNCH();
   return ok_status();
@@ -318,11 +322,11 @@ Status launch_rope(const RopeArgs& a, cudaStream_t stream) {
   const auto* pos = static_cast<const int32_t*>(a.pos.data);
   const auto* inv_freq = static_cast<const float*>(a.inv_freq.data);
   if (a.x.dtype == DType::kBF16) {
-    rope_kernel<bf16><<<grid_for(n_pairs, kThreads), kThreads, 0, stream>>>(static_cast<bf16*>(a.x.data), pos,
-                                                                          inv_freq, n_heads, head_dim, n_pairs);
+    launch_kernel(rope_kernel<bf16>, grid_for(n_pairs, kThreads), kThreads, 0, stream, static_cast<bf16*>(a.x.data),
+                  pos, inv_freq, n_heads, head_dim, n_pairs);
   } else if (a.x.dtype == DType::kF32) {
-    rope_kernel<float><<<grid_for(n_pairs, kThreads), kThreads, 0, stream>>>(static_cast<float*>(a.x.data), pos,
-                                                                           inv_freq, n_heads, head_dim, n_pairs);
+    launch_kernel(rope_kernel<float>, grid_for(n_pairs, kThreads), kThreads, 0, stream, static_cast<float*>(a.x.data),
+                  pos, inv_freq, n_heads, head_dim, n_pairs);
   } else {
     return unsupported(strfmt("cuda rope: x dtype %s (f32/bf16 only)", dtype_name(a.x.dtype)));
   }

@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 #include "core/strings.h"
 
 namespace tandem::cuda {
@@ -23,6 +24,7 @@ __device__ __forceinline__ bool better(float v, int64_t i, float bv, int64_t bi)
 
 template <class T>
 __global__ void argmax_kernel(int32_t* out, const T* x, int64_t n) {
+  pdl_enter();
   const T* row = x + blockIdx.x * n;
   float best = -INFINITY;
   int64_t best_i = INT64_MAX;
@@ -69,9 +71,10 @@ Status launch_argmax(const ArgmaxArgs& a, cudaStream_t stream) {
   auto* out = static_cast<int32_t*>(a.out.data);
   const auto grid = static_cast<unsigned>(rows);
   if (a.x.dtype == DType::kBF16) {
-    argmax_kernel<<<grid, kThreads, 0, stream>>>(out, static_cast<const __nv_bfloat16*>(a.x.data), n);
+    launch_kernel(argmax_kernel<__nv_bfloat16>, grid, kThreads, 0, stream, out,
+                  static_cast<const __nv_bfloat16*>(a.x.data), n);
   } else if (a.x.dtype == DType::kF32) {
-    argmax_kernel<<<grid, kThreads, 0, stream>>>(out, static_cast<const float*>(a.x.data), n);
+    launch_kernel(argmax_kernel<float>, grid, kThreads, 0, stream, out, static_cast<const float*>(a.x.data), n);
   } else {
     return unsupported(strfmt("cuda argmax: x dtype %s (f32/bf16 only)", dtype_name(a.x.dtype)));
   }

@@ -1,0 +1,39 @@
+// Kernel launches of the CUDA backend. launch_kernel() is `kernel<<<grid, block, smem, stream>>>(args...)` plus,
+// where enabled, the programmatic-stream-serialization attribute: the kernel may begin launching while the one
+// before it on the stream is still running, and waits in pdl_enter() (device_utils.cuh) until that one has
+// completed. On a chain of small decode kernels this hides most of each launch's latency, also inside CUDA graphs
+// (captured as programmatic edges). Enabled on sm_90 and newer unless TANDEM_PDL=0 (CudaBackend sets it).
+// Launch errors reach cudaGetLastError() as with <<<>>>, so TANDEM_CUDA_TRY_LAUNCH() after a launch reports them.
+// Included only by .cu files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstddef>
+
+namespace tandem::cuda {
+
+inline std::atomic<bool>& pdl_flag() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+inline bool pdl_enabled() { return pdl_flag().load(std::memory_order_relaxed); }
+
+template <class... Params, class... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                   Args&&... args) {
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
+
+}  // namespace tandem::cuda
