@@ -82,6 +82,10 @@ class Backend : public Allocator {
     linear({.out = a.up, .x = a.x, .w = a.w_up});
     gelu_mul({.out = a.out, .gate = a.out, .up = a.up});
   }
+  // Composite op: n products unless a backend fuses them (CUDA: one GEMV launch at decode sizes).
+  virtual void linear_group(const LinearGroupArgs& a) {
+    for (int i = 0; i < a.n; ++i) linear({.out = a.out[i], .x = a.x, .w = a.w[i]});
+  }
 };
 
 // The CPU backend (always available). `threads` <= 0 uses OpenMP's default.

@@ -135,6 +135,15 @@ struct GegluArgs {
   Tensor out, x, w_gate, w_up, up;
 };
 
+// Up to kMaxLinearGroup products of one x: out[i] = x @ w[i]^T for i < n (an attention layer's q, k and v
+// projections), each exactly as linear({.out = out[i], .x = x, .w = w[i]}) computes it.
+inline constexpr int kMaxLinearGroup = 3;
+struct LinearGroupArgs {
+  Tensor x;
+  Tensor out[kMaxLinearGroup], w[kMaxLinearGroup];
+  int n = 0;
+};
+
 // x *= s (in place).
 struct ScaleArgs {
   Tensor x;

@@ -333,19 +333,28 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
   // Attention block (spec §1.5, §1.6).
   backend_.rms_norm({.out = xn, .x = x, .weight = lw.input_norm, .eps = tc.rms_eps});
   const Tensor q = ws.q.view(act, {rows, nh, hd});
-  backend_.linear({.out = q.reshape({rows, nh * hd}), .x = xn, .w = lw.attn.q_proj});
+  const Tensor k = ws.k.view(act, {rows, nkv, hd});
+  const Tensor v = ws.v.view(act, {rows, nkv, hd});
+  // The q, k and v products of xn as one op (one GEMV launch on CUDA at decode sizes).
+  LinearGroupArgs qkv{.x = xn};
+  qkv.out[qkv.n] = q.reshape({rows, nh * hd});
+  qkv.w[qkv.n++] = lw.attn.q_proj;
+  if (ls.owns_kv) {
+    qkv.out[qkv.n] = k.reshape({rows, nkv * hd});
+    qkv.w[qkv.n++] = lw.attn.k_proj;
+    if (!ls.k_eq_v) {
+      qkv.out[qkv.n] = v.reshape({rows, nkv * hd});
+      qkv.w[qkv.n++] = lw.attn.v_proj;
+    }
+  }
+  backend_.linear_group(qkv);
   // q = RoPE(q_norm(q)) in one op (ops.h: the same bits as rms_norm then rope).
   backend_.rms_norm(
       {.out = q, .x = q, .weight = lw.attn.q_norm, .eps = tc.rms_eps, .rope_pos = pos, .rope_inv_freq = inv_freq});
   if (ls.owns_kv) {
-    const Tensor k = ws.k.view(act, {rows, nkv, hd});
-    const Tensor v = ws.v.view(act, {rows, nkv, hd});
-    backend_.linear({.out = k.reshape({rows, nkv * hd}), .x = xn, .w = lw.attn.k_proj});
     if (ls.k_eq_v) {
       // K=V layers: values are the raw k_proj output, copied before k_norm/RoPE (spec §1.6, item 7 of §6).
       TANDEM_TRY(backend_.copy(v.data, k.data, k.nbytes(), CopyKind::kDeviceToDevice));
-    } else {
-      backend_.linear({.out = v.reshape({rows, nkv * hd}), .x = xn, .w = lw.attn.v_proj});
     }
     backend_.rms_norm(
         {.out = k, .x = k, .weight = lw.attn.k_norm, .eps = tc.rms_eps, .rope_pos = pos, .rope_inv_freq = inv_freq});

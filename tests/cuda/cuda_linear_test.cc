@@ -3,7 +3,9 @@
 // per-shape plan cache. Which path ran is asserted, so a silent fallback cannot pass for cuBLASLt.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <random>
+#include <vector>
 
 #include "core/strings.h"
 #include "cuda/cuda_fixture.h"
@@ -229,6 +231,57 @@ TEST_F(CudaLinear, GegluEqualsItsCompositeBitwise) {
     ref::linear({.out = u, .x = x.host(), .w = wu.host()});
     ref::gelu_mul({.out = want, .gate = g, .up = u});
     expect_close(out.host(), want, tolerance_for(kBF16, true));
+  }
+}
+
+TEST_F(CudaLinear, GroupEqualsSeparateProductsBitwise) {
+  // linear_group (q, k, v of one x) in one GEMV launch for 1-2 rows gives the bits of one GEMV linear() per matrix,
+  // for bf16 and f32 outputs and segment sizes that are not multiples of the rows per block; 3 rows take the
+  // composite (one linear() each, as the mode picks) and match the reference.
+  const cuda::GemvMode before = be().gemv_mode();
+  const int64_t K = 1544;
+  const int64_t n_out[3] = {2056, 517, 264};
+  for (DType out_dt : {kBF16, kF32}) {
+    for (int64_t n_tok : {1, 2, 3}) {
+      for (int n : {1, 2, 3}) {
+        SCOPED_TRACE(strfmt("out %s, %lld rows, %d products", dtype_name(out_dt), static_cast<long long>(n_tok), n));
+        DeviceTensor x(be(), kBF16, {n_tok, K});
+        fill_random(x.host(), 70);
+        x.upload();
+        std::vector<std::unique_ptr<DeviceTensor>> w, out, sep;
+        LinearGroupArgs group{.x = x};
+        for (int i = 0; i < n; ++i) {
+          w.push_back(std::make_unique<DeviceTensor>(be(), kBF16, std::initializer_list<int64_t>{n_out[i], K}));
+          out.push_back(std::make_unique<DeviceTensor>(be(), out_dt, std::initializer_list<int64_t>{n_tok, n_out[i]}));
+          sep.push_back(std::make_unique<DeviceTensor>(be(), out_dt, std::initializer_list<int64_t>{n_tok, n_out[i]}));
+          fill_random(w.back()->host(), 71 + static_cast<uint32_t>(i));
+          w.back()->upload();
+          out.back()->poison();
+          sep.back()->poison();
+          group.out[i] = *out.back();
+          group.w[i] = *w.back();
+        }
+        group.n = n;
+        be().set_gemv_mode(cuda::GemvMode::kAuto);
+        be().linear_group(group);
+        be().set_gemv_mode(cuda::GemvMode::kOn);
+        for (int i = 0; i < n; ++i)
+          be().linear({.out = *sep[static_cast<size_t>(i)], .x = x, .w = *w[static_cast<size_t>(i)]});
+        be().set_gemv_mode(before);
+        for (int i = 0; i < n; ++i) {
+          out[static_cast<size_t>(i)]->download();
+          sep[static_cast<size_t>(i)]->download();
+          const HostTensor& got = out[static_cast<size_t>(i)]->host();
+          if (n_tok <= 2) {
+            for (int64_t j = 0; j < n_tok * n_out[i]; ++j)
+              ASSERT_EQ(got.get(j), sep[static_cast<size_t>(i)]->host().get(j)) << "product " << i << " element " << j;
+          }
+          HostTensor want(out_dt, {n_tok, n_out[i]});
+          ref::linear({.out = want, .x = x.host(), .w = w[static_cast<size_t>(i)]->host()});
+          expect_close(got, want, tolerance_for(out_dt, true));
+        }
+      }
+    }
   }
 }
 

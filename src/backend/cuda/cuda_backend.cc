@@ -551,6 +551,29 @@ void CudaBackend::geglu(const GegluArgs& a) {
                                                 static_cast<long long>(a.w_gate.dim(0))));
 }
 
+void CudaBackend::linear_group(const LinearGroupArgs& a) {
+  // Decode sizes: the products of one x in a single GEMV launch; otherwise one linear() each.
+  if (gemm_->gemv_mode() == GemvMode::kOff || !gemv_group_eligible(a)) return Backend::linear_group(a);
+  expect_gpu(a.x, index_, "linear_group", "x");
+  int64_t n_out = 0;
+  for (int i = 0; i < a.n; ++i) {
+    expect_gpu(a.out[i], index_, "linear_group", "out");
+    expect_gpu(a.w[i], index_, "linear_group", "w");
+    TANDEM_CHECK_MSG(a.w[i].ndim == 2 && a.x.dim(-1) == a.w[i].dim(1) && a.out[i].rows() == a.x.rows() &&
+                         a.out[i].dim(-1) == a.w[i].dim(0) && a.out[i].is_contiguous() && a.out[i].data != a.x.data,
+                     "cuda linear_group %d: out %s, x %s, w %s", i, a.out[i].describe().c_str(), a.x.describe().c_str(),
+                     a.w[i].describe().c_str());
+    n_out += a.w[i].dim(0);
+  }
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_gemv_group(a, props_.multiProcessorCount, cuda_stream(current_)));
+  if (pt >= 0)
+    prof_.end(pt, cuda_stream(current_),
+              strfmt("linear_group %dx %lldx%lld -> %lld (gemv)", a.n, static_cast<long long>(a.x.rows()),
+                     static_cast<long long>(a.x.dim(-1)), static_cast<long long>(n_out)));
+}
+
 }  // namespace cuda
 
 Result<std::unique_ptr<Backend>> make_cuda_backend(int index) {

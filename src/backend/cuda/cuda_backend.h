@@ -66,6 +66,7 @@ class CudaBackend final : public Backend {
   void moe_route(const MoeRouteArgs& a) override;
   void moe_experts(const MoeExpertsArgs& a) override;
   void geglu(const GegluArgs& a) override;
+  void linear_group(const LinearGroupArgs& a) override;
 
   // CUDA extras (tests, benches, CUDA graphs later).
   [[nodiscard]] cudaStream_t cuda_stream(StreamId id) const;

@@ -23,15 +23,36 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarp;
 constexpr int kMaxTokens = 9;
 constexpr int kMaxGegluTokens = 2;  // decode sizes, where the fused GEMV beats two cuBLASLt products
+constexpr int kMaxGroupTokens = 2;  // the same for linear_group
 
-// M = 1 weight matrix (linear), or 2 (geglu: rows of w_gate in acc[0], of w_up = w2 in acc[1]).
+// The output rows of one launch: up to kMaxLinearGroup matrices of the same x (linear_group), segment i taking the
+// blocks from first_block[i] on. out[i] is [T, n_out[i]].
+static_assert(kMaxLinearGroup == 3, "gemv_kernel picks among three segments");
+struct GemvSegs {
+  const bf16* w[kMaxLinearGroup];
+  void* out[kMaxLinearGroup];
+  int64_t n_out[kMaxLinearGroup];
+  int64_t first_block[kMaxLinearGroup];
+  int n;
+};
+
+// M = 1 weight matrix per segment (linear, linear_group), or 2 (geglu, one segment: rows of w_gate in acc[0], of
+// w_up = w2 in acc[1]).
 template <int T, int R, class TO, int M>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(TO* __restrict__ out, const bf16* __restrict__ x,
-                                                        const bf16* __restrict__ w, const bf16* __restrict__ w2,
-                                                        int64_t n_out, int64_t n_in, float alpha, bool accumulate) {
+__global__ void __launch_bounds__(kThreads)
+    gemv_kernel(GemvSegs segs, const bf16* __restrict__ x, const bf16* __restrict__ w2, int64_t n_in, float alpha,
+                bool accumulate) {
   pdl_enter();
   __shared__ float partial[kWarps][M * R * T];
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * R;
+  int si = 0;
+#pragma unroll
+  for (int i = 1; i < kMaxLinearGroup; ++i)
+    if (i < segs.n && blockIdx.x >= segs.first_block[i]) si = i;
+  const bf16* __restrict__ w = si == 0 ? segs.w[0] : (si == 1 ? segs.w[1] : segs.w[2]);
+  TO* __restrict__ out = static_cast<TO*>(si == 0 ? segs.out[0] : (si == 1 ? segs.out[1] : segs.out[2]));
+  const int64_t n_out = si == 0 ? segs.n_out[0] : (si == 1 ? segs.n_out[1] : segs.n_out[2]);
+  const int64_t first = si == 0 ? segs.first_block[0] : (si == 1 ? segs.first_block[1] : segs.first_block[2]);
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) - first) * R;
   const int64_t chunks = n_in / 8;
   const uint4* xv = reinterpret_cast<const uint4*>(x);
   // Rows past n_out (the last block) re-read the last row instead of branching inside the loop.
@@ -100,19 +121,24 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(TO* __restrict__ out, co
   }
 }
 
-// w2 = nullptr: linear; else geglu with w = w_gate, w2 = w_up.
+// w2 = nullptr: linear or linear_group; else geglu with segs.w[0] = w_gate, w2 = w_up. Fills first_block.
 template <int T, class TO, int M = 1>
-Status launch_rows(const LinearArgs& a, const void* w2, int sm_count, cudaStream_t stream) {
-  const int64_t n_out = a.w.dim(0), n_in = a.w.dim(1);
+Status launch_rows(GemvSegs segs, const LinearArgs& a, const void* w2, int sm_count, cudaStream_t stream) {
+  const int64_t n_in = a.w.dim(1);
+  int64_t n_out = 0;
+  for (int i = 0; i < segs.n; ++i) n_out += segs.n_out[i];
   // Most rows per block (fewest re-reads of x) that still gives every SM a few blocks; fewer when T is large,
   // to bound the M x R x T accumulators.
   constexpr int kMaxR = (T <= 2 ? 8 : (T <= 4 ? 4 : 2)) / M;
   auto go = [&](auto r_tag) -> Status {
     constexpr int R = decltype(r_tag)::value;
-    const auto blocks = static_cast<unsigned>((n_out + R - 1) / R);
-    launch_kernel(gemv_kernel<T, R, TO, M>, blocks, kThreads, 0, stream, static_cast<TO*>(a.out.data),
-                  static_cast<const bf16*>(a.x.data), static_cast<const bf16*>(a.w.data), static_cast<const bf16*>(w2),
-                  n_out, n_in, a.alpha, a.accumulate);
+    int64_t blocks = 0;
+    for (int i = 0; i < segs.n; ++i) {
+      segs.first_block[i] = blocks;
+      blocks += (segs.n_out[i] + R - 1) / R;
+    }
+    launch_kernel(gemv_kernel<T, R, TO, M>, static_cast<unsigned>(blocks), kThreads, 0, stream, segs,
+                  static_cast<const bf16*>(a.x.data), static_cast<const bf16*>(w2), n_in, a.alpha, a.accumulate);
     TANDEM_CUDA_TRY_LAUNCH();
     return ok_status();
   };
@@ -123,18 +149,36 @@ Status launch_rows(const LinearArgs& a, const void* w2, int sm_count, cudaStream
   return go(std::integral_constant<int, 1>{});
 }
 
+GemvSegs one_segment(const LinearArgs& a) {
+  GemvSegs segs{};
+  segs.w[0] = static_cast<const bf16*>(a.w.data);
+  segs.out[0] = a.out.data;
+  segs.n_out[0] = a.w.dim(0);
+  segs.n = 1;
+  return segs;
+}
+
 template <class TO>
-Status launch_tokens(const LinearArgs& a, int sm_count, cudaStream_t stream) {
+Status launch_tokens(const GemvSegs& segs, const LinearArgs& a, int sm_count, cudaStream_t stream) {
   switch (a.x.rows()) {
-    case 1: return launch_rows<1, TO>(a, nullptr, sm_count, stream);
-    case 2: return launch_rows<2, TO>(a, nullptr, sm_count, stream);
-    case 3: return launch_rows<3, TO>(a, nullptr, sm_count, stream);
-    case 4: return launch_rows<4, TO>(a, nullptr, sm_count, stream);
-    case 5: return launch_rows<5, TO>(a, nullptr, sm_count, stream);
-    case 6: return launch_rows<6, TO>(a, nullptr, sm_count, stream);
-    case 7: return launch_rows<7, TO>(a, nullptr, sm_count, stream);
-    case 8: return launch_rows<8, TO>(a, nullptr, sm_count, stream);
-    case 9: return launch_rows<9, TO>(a, nullptr, sm_count, stream);
+    case 1:
+      return launch_rows<1, TO>(segs, a, nullptr, sm_count, stream);
+    case 2:
+      return launch_rows<2, TO>(segs, a, nullptr, sm_count, stream);
+    case 3:
+      return launch_rows<3, TO>(segs, a, nullptr, sm_count, stream);
+    case 4:
+      return launch_rows<4, TO>(segs, a, nullptr, sm_count, stream);
+    case 5:
+      return launch_rows<5, TO>(segs, a, nullptr, sm_count, stream);
+    case 6:
+      return launch_rows<6, TO>(segs, a, nullptr, sm_count, stream);
+    case 7:
+      return launch_rows<7, TO>(segs, a, nullptr, sm_count, stream);
+    case 8:
+      return launch_rows<8, TO>(segs, a, nullptr, sm_count, stream);
+    case 9:
+      return launch_rows<9, TO>(segs, a, nullptr, sm_count, stream);
     default: break;
   }
   return internal_error(strfmt("cuda gemv: %lld rows", static_cast<long long>(a.x.rows())));
@@ -153,8 +197,31 @@ bool gemv_eligible(const LinearArgs& a) {
 
 Status launch_gemv(const LinearArgs& a, int sm_count, cudaStream_t stream) {
   if (!gemv_eligible(a)) return internal_error("cuda gemv: arguments it does not take");
-  return a.out.dtype == DType::kBF16 ? launch_tokens<bf16>(a, sm_count, stream)
-                                     : launch_tokens<float>(a, sm_count, stream);
+  return a.out.dtype == DType::kBF16 ? launch_tokens<bf16>(one_segment(a), a, sm_count, stream)
+                                     : launch_tokens<float>(one_segment(a), a, sm_count, stream);
+}
+
+bool gemv_group_eligible(const LinearGroupArgs& a) {
+  if (a.n < 1 || a.n > kMaxLinearGroup || a.x.rows() > kMaxGroupTokens || !a.x.is_contiguous()) return false;
+  for (int i = 0; i < a.n; ++i) {
+    const LinearArgs li{.out = a.out[i], .x = a.x, .w = a.w[i]};
+    if (!gemv_eligible(li) || a.out[i].dtype != a.out[0].dtype || a.w[i].dim(1) != a.w[0].dim(1)) return false;
+  }
+  return true;
+}
+
+Status launch_gemv_group(const LinearGroupArgs& a, int sm_count, cudaStream_t stream) {
+  if (!gemv_group_eligible(a)) return internal_error("cuda gemv group: arguments it does not take");
+  GemvSegs segs{};
+  for (int i = 0; i < a.n; ++i) {
+    segs.w[i] = static_cast<const bf16*>(a.w[i].data);
+    segs.out[i] = a.out[i].data;
+    segs.n_out[i] = a.w[i].dim(0);
+  }
+  segs.n = a.n;
+  const LinearArgs first{.out = a.out[0], .x = a.x, .w = a.w[0]};
+  return a.out[0].dtype == DType::kBF16 ? launch_tokens<bf16>(segs, first, sm_count, stream)
+                                        : launch_tokens<float>(segs, first, sm_count, stream);
 }
 
 bool geglu_gemv_eligible(const GegluArgs& a) {
@@ -167,8 +234,8 @@ bool geglu_gemv_eligible(const GegluArgs& a) {
 Status launch_geglu_gemv(const GegluArgs& a, int sm_count, cudaStream_t stream) {
   if (!geglu_gemv_eligible(a)) return internal_error("cuda geglu gemv: arguments it does not take");
   const LinearArgs g{.out = a.out, .x = a.x, .w = a.w_gate};
-  return a.x.rows() == 1 ? launch_rows<1, bf16, 2>(g, a.w_up.data, sm_count, stream)
-                         : launch_rows<2, bf16, 2>(g, a.w_up.data, sm_count, stream);
+  return a.x.rows() == 1 ? launch_rows<1, bf16, 2>(one_segment(g), g, a.w_up.data, sm_count, stream)
+                         : launch_rows<2, bf16, 2>(one_segment(g), g, a.w_up.data, sm_count, stream);
 }
 
 }  // namespace tandem::cuda

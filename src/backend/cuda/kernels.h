@@ -58,6 +58,9 @@ Status launch_moe_experts(const MoeExpertsArgs& a, const Scratch& scratch, cudaS
 // gemv.cu: decode/verify products (1..9 bf16 rows, bf16 weights, K % 8 == 0, 16-byte aligned w and x).
 bool gemv_eligible(const LinearArgs& a);
 Status launch_gemv(const LinearArgs& a, int sm_count, cudaStream_t stream);
+// linear_group in one launch (1-2 rows; every product GEMV-eligible with the same x and output dtype).
+bool gemv_group_eligible(const LinearGroupArgs& a);
+Status launch_gemv_group(const LinearGroupArgs& a, int sm_count, cudaStream_t stream);
 // The geglu op in one pass over w_gate and w_up (1-2 rows; bf16 x, weights and out).
 bool geglu_gemv_eligible(const GegluArgs& a);
 Status launch_geglu_gemv(const GegluArgs& a, int sm_count, cudaStream_t stream);
