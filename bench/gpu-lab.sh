@@ -4,7 +4,7 @@
 #   2. the CUDA model tests' measured lines ([bf16 ...], [graphs] ...);
 #   3. the demo pair on the GPU (`tandem generate --device cuda --compare`);
 #   4. `tandem bench --device cuda --arch A --profile` for each released architecture (random bf16 weights in GPU
-#      memory; the per-op profiles stay in the logs), and one A/B bench with a switch flipped (GPU_LAB_AB_ENV).
+#      memory; the per-op profiles stay in the logs), one from a checkpoint directory in the page cache, and one A/B bench with a switch flipped (GPU_LAB_AB_ENV).
 # Writes logs and RESULTS-gpu.md (the bench tables, to be appended to bench/RESULTS.md) under $OUT, snapshotting
 # them after each step so that a run cut short still returns what it measured. Needs .deps/ carried
 # (scripts/prepare-device-deps.sh). Time budget: GPU_LAB_BUDGET_S seconds (default 560); steps that no longer fit
@@ -50,6 +50,17 @@ for arch in ${GPU_LAB_ARCHS:-gemma4-e2b gemma4-e4b gemma4-26b-a4b gemma4-31b}; d
   run_step "bench $arch" 60 "bench_$arch.txt" $B/tandem bench --device cuda --arch "$arch" --iters 10 --max-k 8 \
     --profile --results "$work/logs/RESULTS-gpu.md"
 done
+# Loading a real checkpoint directory from the page cache: the random GPU_LAB_DISK_ARCH model (default gemma4-e2b)
+# written to disk with `tandem bench --write-checkpoint` (so its pages are cached), then benched with --model.
+disk_arch=${GPU_LAB_DISK_ARCH-gemma4-e2b}
+if [ -n "$disk_arch" ]; then
+  run_step "write $disk_arch checkpoint" 40 "write_$disk_arch.txt" $B/tandem bench --arch "$disk_arch" \
+    --write-checkpoint "$work/ck" &&
+    run_step "bench $disk_arch from the page cache" 30 "bench_disk_$disk_arch.txt" $B/tandem bench --device cuda \
+      --model "$work/ck" --draft "$work/ck/assistant" --iters 5 --max-k 4 --results "$work/logs/RESULTS-gpu.md"
+  rm -rf "$work/ck"
+fi
+
 # An A/B of the latest switch: the same bench with GPU_LAB_AB_ENV set (default TANDEM_PDL=0, programmatic
 # dependent launch off) on GPU_LAB_AB_ARCH, without the profile.
 ab_env=${GPU_LAB_AB_ENV-TANDEM_PDL=0}

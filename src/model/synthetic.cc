@@ -3,8 +3,12 @@
 
 #include <sys/sysinfo.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "core/strings.h"
 #include "model/gemma4_weights.h"
@@ -93,9 +97,7 @@ uint64_t splitmix(uint64_t& x) {
 std::vector<std::string> arch_names() { return {"gemma4-e2b", "gemma4-e4b", "gemma4-26b-a4b", "gemma4-31b"}; }
 
 Result<ModelConfig> arch_config(const std::string& arch, bool assistant) {
-  const std::string json = assistant ? assistant_json(arch) : target_json(arch);
-  if (json.empty())
-    return invalid_argument("unknown architecture \"" + arch + "\" (expected one of " + join(arch_names(), ", ") + ")");
+  TANDEM_ASSIGN_OR_RETURN(const std::string json, arch_config_json(arch, assistant));
   return parse_model_config(json, arch + (assistant ? "-assistant (built in)" : " (built in)"));
 }
 
@@ -108,6 +110,42 @@ uint64_t synthetic_weight_bytes(const ModelConfig& cfg) {
   }
   return total;
 }
+
+namespace {
+
+// Random values of tensor e in 4096-element blocks [blk0, blk1) into dst (element blk0 * 4096 first): bf16 bits, or
+// i64 0, 1, 2, ... for index tensors. Norms and scalars uniform in [0.5, 1.5], matrices with std 1/sqrt(fan_in).
+// Each block has its own generator state, so any split into blocks gives the same values.
+constexpr int64_t kBlock = 4096;
+void fill_random_blocks(const ExpectedTensor& e, int64_t n, uint64_t seed, int64_t blk0, int64_t blk1, void* dst) {
+  if (e.index) {
+    int64_t* p = static_cast<int64_t*>(dst);
+    for (int64_t i = blk0 * kBlock; i < std::min(n, blk1 * kBlock); ++i) p[i - blk0 * kBlock] = i;
+    return;
+  }
+  const bool vector = e.shape.size() <= 1;
+  const double fan_in = static_cast<double>(e.shape.empty() ? 1 : e.shape.back());
+  const float lo = vector ? 0.5f : static_cast<float>(-std::sqrt(3.0 / fan_in));
+  const float span = vector ? 1.0f : -2 * lo;
+  uint16_t* p = static_cast<uint16_t*>(dst);
+  const uint64_t base = seed ^ std::hash<std::string>{}(e.name);
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = blk0; blk < blk1; ++blk) {
+    uint64_t st = base + static_cast<uint64_t>(blk) * 0x9e3779b97f4a7c15ull;
+    for (int64_t i = blk * kBlock; i < std::min<int64_t>(n, (blk + 1) * kBlock); ++i) {
+      const float u = static_cast<float>(splitmix(st) >> 40) * (1.0f / 16777216.0f);
+      p[i - blk0 * kBlock] = f32_to_bf16(lo + span * u);
+    }
+  }
+}
+
+int64_t numel_of(const ExpectedTensor& e) {
+  int64_t n = 1;
+  for (int64_t d : e.shape) n *= d;
+  return n;
+}
+
+}  // namespace
 
 Result<WeightStore> make_random_weights(const ModelConfig& cfg, uint64_t seed) {
   const uint64_t need = synthetic_weight_bytes(cfg);
@@ -128,30 +166,79 @@ Result<WeightStore> make_random_weights(const ModelConfig& cfg, uint64_t seed) {
     const int64_t n = ti.numel();
     ti.nbytes = static_cast<uint64_t>(n) * dtype_size(ti.dtype);
     TANDEM_ASSIGN_OR_RETURN(Buffer b, Buffer::allocate(host_allocator(), std::max<uint64_t>(ti.nbytes, 8), MemKind::kHost));
-    if (e.index) {
-      for (int64_t i = 0; i < n; ++i) static_cast<int64_t*>(b.data())[i] = i;
-    } else {
-      // 1-d tensors (norms, layer_scalar, router scales) around 1; matrices with std 1/sqrt(fan_in).
-      const bool vector = e.shape.size() <= 1;
-      const double fan_in = static_cast<double>(e.shape.back());
-      const float lo = vector ? 0.5f : static_cast<float>(-std::sqrt(3.0 / fan_in));
-      const float span = vector ? 1.0f : -2 * lo;
-      uint16_t* p = static_cast<uint16_t*>(b.data());
-      const uint64_t base = seed ^ std::hash<std::string>{}(e.name);
-#pragma omp parallel for schedule(static)
-      for (int64_t blk = 0; blk < (n + 4095) / 4096; ++blk) {
-        uint64_t st = base + static_cast<uint64_t>(blk) * 0x9e3779b97f4a7c15ull;
-        for (int64_t i = blk * 4096; i < std::min<int64_t>(n, (blk + 1) * 4096); ++i) {
-          const float u = static_cast<float>(splitmix(st) >> 40) * (1.0f / 16777216.0f);
-          p[i] = f32_to_bf16(lo + span * u);
-        }
-      }
-    }
+    fill_random_blocks(e, n, seed, 0, (n + kBlock - 1) / kBlock, b.data());
     ti.data = b.data();
     infos.push_back(std::move(ti));
     bufs.push_back(std::move(b));
   }
   return WeightStore::from_memory(SafetensorsModel::from_memory(std::move(infos), "random weights"), std::move(bufs));
+}
+
+Result<std::string> arch_config_json(const std::string& arch, bool assistant) {
+  std::string json = assistant ? assistant_json(arch) : target_json(arch);
+  if (json.empty())
+    return invalid_argument("unknown architecture \"" + arch + "\" (expected one of " + join(arch_names(), ", ") + ")");
+  return json;
+}
+
+Status write_random_checkpoint(const std::string& config_json, const std::string& dir, uint64_t seed,
+                               const std::function<void(uint64_t, uint64_t)>& progress) {
+  TANDEM_ASSIGN_OR_RETURN(ModelConfig cfg, parse_model_config(config_json, dir + "/config.json"));
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return io_error(strfmt("cannot create %s: %s", dir.c_str(), ec.message().c_str()));
+  for (const char* name : {"config.json", "model.safetensors", "model.safetensors.index.json"}) {
+    if (fs::exists(dir + "/" + name, ec))
+      return invalid_argument(strfmt("%s/%s already exists (remove it first; nothing was written)", dir.c_str(), name));
+  }
+  // Header: every tensor back to back in table order, the JSON space-padded to a multiple of 8 bytes.
+  const std::vector<ExpectedTensor> tensors = expected_tensors(cfg);
+  nlohmann::json header = nlohmann::json::object();
+  header["__metadata__"] = {{"format", "pt"}, {"writer", "tandem random weights"}};
+  uint64_t off = 0;
+  for (const ExpectedTensor& e : tensors) {
+    const uint64_t bytes = static_cast<uint64_t>(numel_of(e)) * (e.index ? 8 : 2);
+    header[e.name] = {{"dtype", e.index ? "I64" : "BF16"}, {"shape", e.shape}, {"data_offsets", {off, off + bytes}}};
+    off += bytes;
+  }
+  std::string text = header.dump();
+  while (text.size() % 8 != 0) text += ' ';
+  const std::string path = dir + "/model.safetensors", tmp = path + ".partial";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) return io_error(strfmt("cannot write %s: %s", tmp.c_str(), std::strerror(errno)));
+  bool ok = true;
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  ok = ok && std::fwrite(len, 1, 8, f) == 8 && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  constexpr int64_t kChunkBlocks = 4096;  // 32 MiB of bf16 per write
+  std::vector<uint8_t> chunk(static_cast<size_t>(kChunkBlocks * kBlock * 8));
+  uint64_t done = 0;
+  for (const ExpectedTensor& e : tensors) {
+    const int64_t n = numel_of(e), esize = e.index ? 8 : 2, n_blocks = (n + kBlock - 1) / kBlock;
+    for (int64_t b0 = 0; ok && b0 < n_blocks; b0 += kChunkBlocks) {
+      const int64_t b1 = std::min(n_blocks, b0 + kChunkBlocks);
+      fill_random_blocks(e, n, seed, b0, b1, chunk.data());
+      const size_t bytes = static_cast<size_t>((std::min(n, b1 * kBlock) - b0 * kBlock) * esize);
+      ok = std::fwrite(chunk.data(), 1, bytes, f) == bytes;
+      done += bytes;
+      if (progress) progress(done, off);
+    }
+  }
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) {
+    fs::remove(tmp, ec);
+    return io_error(strfmt("writing %s failed: %s", tmp.c_str(), std::strerror(errno)));
+  }
+  std::FILE* c = std::fopen((dir + "/config.json").c_str(), "wb");
+  ok = c != nullptr && std::fwrite(config_json.data(), 1, config_json.size(), c) == config_json.size();
+  if (c != nullptr) ok = (std::fclose(c) == 0) && ok;
+  fs::rename(tmp, path, ec);
+  if (!ok || ec) {
+    fs::remove(tmp, ec);
+    return io_error(strfmt("cannot finish the checkpoint in %s", dir.c_str()));
+  }
+  return ok_status();
 }
 
 }  // namespace tandem

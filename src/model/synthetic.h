@@ -2,6 +2,7 @@
 // built in memory, so benchmarks run without a 62 GB download. Bound through the same weight table as real files.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,5 +19,15 @@ std::vector<std::string> arch_names();
 // token_ordering the identity permutation. Fails with resource_exhausted when the host lacks the memory.
 Result<WeightStore> make_random_weights(const ModelConfig& cfg, uint64_t seed);
 uint64_t synthetic_weight_bytes(const ModelConfig& cfg);
+
+// The config.json text of a built-in architecture (the HF gemma4_text / gemma4_assistant layout).
+Result<std::string> arch_config_json(const std::string& arch, bool assistant);
+
+// Writes a checkpoint directory a loader reads like a downloaded one: config_json as config.json and the random
+// weights of make_random_weights(cfg, seed) (the same values) as one model.safetensors, streamed in 32 MiB pieces
+// (written as model.safetensors.partial and renamed at the end). Refuses a directory that already holds a
+// checkpoint. progress(bytes written, total) after each piece.
+Status write_random_checkpoint(const std::string& config_json, const std::string& dir, uint64_t seed,
+                               const std::function<void(uint64_t, uint64_t)>& progress = {});
 
 }  // namespace tandem

@@ -22,7 +22,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct BenchOptions {
-  std::string model, draft, arch, device = "cpu", results;
+  std::string model, draft, arch, device = "cpu", results, write_checkpoint;
   int threads = 0, iters = 20, context = 128, max_k = 6;
   bool json = false, no_draft = false, profile = false;
 };
@@ -251,7 +251,32 @@ std::string machine_name() {
   return "unknown cpu";
 }
 
+// --arch A --write-checkpoint DIR: the random target as a checkpoint directory (and its assistant in DIR/assistant
+// unless --no-draft), so loading from disk / the page cache can be timed with --model.
+int write_checkpoint_main(const BenchOptions& o) {
+  if (o.arch.empty()) return fail("bench", invalid_argument("--write-checkpoint needs --arch"));
+  for (bool assistant : {false, true}) {
+    if (assistant && o.no_draft) break;
+    const std::string dir = assistant ? o.write_checkpoint + "/assistant" : o.write_checkpoint;
+    Result<std::string> json = arch_config_json(o.arch, assistant);
+    if (!json.ok()) return fail("bench", json.status());
+    ProgressBar bar(assistant ? "writing assistant" : "writing target");
+    const auto t0 = Clock::now();
+    uint64_t total = 0;
+    Status s = write_random_checkpoint(*json, dir, assistant ? 2 : 1, [&](uint64_t d, uint64_t t) {
+      total = t;
+      bar.update(d, t);
+    });
+    bar.finish();
+    if (!s.ok()) return fail("bench", s);
+    std::printf("wrote %s (%s of random %s weights) in %.1f s\n", dir.c_str(), human_bytes(total).c_str(),
+                o.arch.c_str(), seconds_since(t0));
+  }
+  return 0;
+}
+
 int bench_main(const BenchOptions& o, const std::string& command) {
+  if (!o.write_checkpoint.empty()) return write_checkpoint_main(o);
   std::vector<Row> rows;
   std::string header, machine, profile;
   Status s = run_bench(o, &rows, &header, &machine, &profile);
@@ -293,8 +318,13 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_flag("--profile", o->profile, "Also print per-op device times of eager decode and verify forwards (CUDA)");
   cmd->add_option("--results", o->results, "Append the table to this markdown file (e.g. bench/RESULTS.md)");
-  cmd->footer("Examples:\n  tandem bench --model models/demo/target --draft models/demo/assistant\n"
-              "  tandem bench --arch gemma4-e2b --iters 5 --results bench/RESULTS.md");
+  cmd->add_option("--write-checkpoint", o->write_checkpoint,
+                  "With --arch: write the random target to this directory (the assistant to DIR/assistant unless "
+                  "--no-draft) instead of benchmarking; then bench it with --model DIR [--draft DIR/assistant]");
+  cmd->footer(
+      "Examples:\n  tandem bench --model models/demo/target --draft models/demo/assistant\n"
+      "  tandem bench --arch gemma4-e2b --iters 5 --results bench/RESULTS.md\n"
+      "  tandem bench --arch gemma4-e2b --write-checkpoint /tmp/e2b && tandem bench --model /tmp/e2b --device cuda");
   cmd->callback([o, cmd, &exit_code] {
     std::string command = "tandem bench";
     for (const auto* opt : cmd->get_options())
