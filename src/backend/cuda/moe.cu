@@ -1,15 +1,16 @@
 // Mixture-of-experts on the GPU (spec §1.10, ops.h MoeRouteArgs / MoeExpertsArgs). moe_route: one warp per token,
 // f32 softmax over all experts, top-k by repeated warp argmax (ties to the lower expert), renormalised and scaled by
 // per_expert_scale. moe_experts, grouped by expert so each selected expert's weights stream from memory once per
-// chunk of tokens, in three launches whose sizes depend only on n_tokens and k (no host round trip: capturable in a
+// chunk of tokens, in four launches whose sizes depend only on n_tokens and k (no host round trip: capturable in a
 // CUDA graph; a grid has one slot per possible distinct expert, min(n_tokens * k, n_experts), and slots past the
 // actual number of distinct experts exit at once):
-//  1. gate_up: every block groups the chunk's (token, slot) pairs by expert in shared memory (counts, a prefix sum
-//     over experts, pairs listed in increasing order: deterministic), takes the slot-th distinct expert e, streams R
-//     rows of G_e and the same R rows of U_e once in 16-byte chunks with all 256 threads striding over d_model, and
-//     writes h = gelu_tanh(G_e x_t) * (U_e x_t) for every pair of e (x rows from L1/L2), gate, up and h rounded to
-//     the activation dtype as HF's tensors are; h is f32 storage in the stream's workspace. Block 0 of each slot
-//     publishes the grouping for the next launch.
+//  0. group: one block groups the chunk's (token, slot) pairs by expert (counts, a prefix sum over experts, pairs
+//     listed in increasing order: deterministic) into tables in the scratch: the slot-th distinct expert, where
+//     its pairs start, how many.
+//  1. gate_up: block (rows, slot) takes the slot-th distinct expert e, streams R rows of G_e and the same R rows of
+//     U_e once in 16-byte chunks with all 256 threads striding over d_model, and writes
+//     h = gelu_tanh(G_e x_t) * (U_e x_t) for every pair of e (x rows from L1/L2), gate, up and h rounded to the
+//     activation dtype as HF's tensors are; h is f32 storage in the stream's workspace.
 //  2. down: y[pair] = D_e h[pair] in f32, each warp streaming R rows of D_e (rows of d_ff are short).
 //  3. combine: out[t] = sum_j w_j y[(t, j)], the token's experts added in increasing index (as HF and the CPU), in
 //     f32, rounded once.
@@ -125,7 +126,7 @@ struct MoeShape {
   DType act;    // the activation dtype: gate, up and h are rounded to it as HF's bf16 tensors are
 };
 
-// The grouping each chunk's gate_up kernel publishes (block x = 0 of every slot) for the down kernel, in the scratch.
+// The grouping moe_group_kernel writes for each chunk (in the scratch), read by the gate_up and down kernels.
 struct MoeTables {
   int* expert;  // [slots] the slot-th distinct expert (increasing index); -1 for slots past the last
   int* offset;  // [slots] where its pairs start in `pairs`
@@ -239,104 +240,78 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* s_warp, int* tot
   return before + incl - v;
 }
 
-struct GroupSmem {
-  int idx[kMaxChunkPairs];   // the chunk's expert indices
-  int list[kMaxChunkPairs];  // the pairs of this block's expert, increasing
-  int count_of[kMaxExperts]; // pairs per expert
-  int warp[kWarps];
-  int expert, offset, count;  // this block's expert, its first entry in MoeTables::pairs, its number of pairs
-};
-
-// Groups the chunk's pairs by expert in shared memory, the same way in every block: counts per expert, an
-// exclusive prefix sum over experts, then this block's expert = the slot-th distinct valid one (increasing index)
-// and its pairs listed in increasing order (a ballot compaction per 256 pairs). Indices outside [0, n_exp) belong to
-// no expert (the combine kernel turns their tokens into NaN). Returns false, in the whole block, when there are at
-// most `slot` distinct experts.
-__device__ bool group_pairs(GroupSmem& g, const int32_t* idx, int n_pairs, int n_exp, int slot) {
-  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
-  for (int e = tid; e < n_exp; e += kThreads) g.count_of[e] = 0;
-  for (int i = tid; i < n_pairs; i += kThreads) g.idx[i] = idx[i];
+// One block groups the chunk's (token, slot) pairs by expert for the expert kernels, the same way every time:
+// counts per expert, an exclusive prefix sum over experts (increasing index), the slot-th distinct valid expert in
+// tab.expert[slot] (-1 for the slots past the last of the `slots` the launches have), and each expert's pairs in
+// increasing order in tab.pairs (a pair's place: its expert's offset + the earlier pairs of the same expert).
+// Indices outside [0, n_exp) belong to no expert (the combine kernel turns their tokens into NaN).
+__global__ void __launch_bounds__(kThreads)
+    moe_group_kernel(MoeTables tab, const int32_t* __restrict__ idx, int n_pairs, int n_exp, int slots) {
+  pdl_enter();
+  __shared__ int s_idx[kMaxChunkPairs];
+  __shared__ int s_count[kMaxExperts];
+  __shared__ int s_offset[kMaxExperts];
+  __shared__ int s_warp[kWarps];
+  const int tid = threadIdx.x;
+  for (int e = tid; e < n_exp; e += kThreads) s_count[e] = 0;
+  for (int i = tid; i < n_pairs; i += kThreads) s_idx[i] = idx[i];
   __syncthreads();
   for (int i = tid; i < n_pairs; i += kThreads) {
-    const int e = g.idx[i];
-    if (e >= 0 && e < n_exp) atomicAdd(&g.count_of[e], 1);  // integer counts: the order does not matter
+    const int e = s_idx[i];
+    if (e >= 0 && e < n_exp) atomicAdd(&s_count[e], 1);  // integer counts: the order does not matter
   }
   __syncthreads();
-  // Thread tid owns experts [e0, e1), consecutive, so thread order is expert order.
+  // Thread tid owns experts [e0, e1), consecutive, so thread order is expert order. One scan of both counts,
+  // packed as present << 16 | pairs: neither field can carry into the other.
+  static_assert(kMaxChunkPairs < (1 << 16) && kMaxExperts < (1 << 15), "packed scan fields");
   const int per = (n_exp + kThreads - 1) / kThreads;
   const int e0 = min(n_exp, tid * per), e1 = min(n_exp, e0 + per);
   int present = 0, pairs = 0;
   for (int e = e0; e < e1; ++e) {
-    const int c = g.count_of[e];
+    const int c = s_count[e];
     present += c > 0 ? 1 : 0;
     pairs += c;
   }
-  // One scan of both counts, packed as present << 16 | pairs: neither field can carry into the other (at most
-  // kMaxExperts distinct experts and kMaxChunkPairs pairs).
-  static_assert(kMaxChunkPairs < (1 << 16) && kMaxExperts < (1 << 15), "packed scan fields");
   int total = 0;
-  const int packed = block_exclusive_scan((present << 16) | pairs, g.warp, &total);
-  if (slot >= (total >> 16)) return false;  // fewer distinct experts than slot + 1 (the same in every thread)
+  const int packed = block_exclusive_scan((present << 16) | pairs, s_warp, &total);
   int rank = packed >> 16, offset = packed & 0xffff;
   for (int e = e0; e < e1; ++e) {
-    const int c = g.count_of[e];
-    if (c == 0) continue;
-    if (rank == slot) {  // exactly one thread
-      g.expert = e;
-      g.offset = offset;
-      g.count = c;
+    const int c = s_count[e];
+    s_offset[e] = offset;
+    if (c > 0) {
+      if (rank < slots) {
+        tab.expert[rank] = e;
+        tab.offset[rank] = offset;
+        tab.count[rank] = c;
+      }
+      ++rank;
     }
-    ++rank;
     offset += c;
   }
+  for (int r = (total >> 16) + tid; r < slots; r += kThreads) tab.expert[r] = -1;
   __syncthreads();
-  const int expert = g.expert;
-  int listed = 0;
-  for (int base = 0; base < n_pairs; base += kThreads) {
-    const int i = base + tid;
-    const bool match = i < n_pairs && g.idx[i] == expert;
-    const unsigned m = __ballot_sync(0xffffffffu, match);
-    if (lane == 0) g.warp[warp] = __popc(m);
-    __syncthreads();
-    int before = listed, tile = 0;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const int c = g.warp[w];
-      before += w < warp ? c : 0;
-      tile += c;
-    }
-    if (match) g.list[before + __popc(m & ((1u << lane) - 1u))] = i;
-    listed += tile;
-    __syncthreads();
+  for (int i = tid; i < n_pairs; i += kThreads) {
+    const int e = s_idx[i];
+    if (e < 0 || e >= n_exp) continue;
+    int before = 0;
+    for (int j = 0; j < i; ++j) before += s_idx[j] == e ? 1 : 0;
+    tab.pairs[s_offset[e] + before] = i;
   }
-  return true;
 }
 
 // Block (row block blockIdx.x, expert slot blockIdx.y): h[pair, f] = gelu_tanh(G_e[f] . x_t) * (U_e[f] . x_t) for
 // the R rows f of the block and every pair (t, j) that chose the block's expert e, P pairs per pass over the rows.
 template <class TW, class TX, int V, int R, int P>
 __global__ void __launch_bounds__(kThreads, 2)
-    moe_gate_up_kernel(float* __restrict__ h, MoeTables tab, const TX* __restrict__ x,
-                       const TW* __restrict__ gate_up, const int32_t* __restrict__ idx, MoeShape s) {
+    moe_gate_up_kernel(float* __restrict__ h, MoeTables tab, const TX* __restrict__ x, const TW* __restrict__ gate_up,
+                       MoeShape s) {
   pdl_enter();
-  __shared__ GroupSmem g;
   __shared__ float part[kWarps][2 * R * P];
   const int slot = blockIdx.y;
-  const bool publish = blockIdx.x == 0;
-  if (!group_pairs(g, idx, s.n_pairs, static_cast<int>(s.n_exp), slot)) {
-    if (publish && threadIdx.x == 0) tab.expert[slot] = -1;
-    return;
-  }
-  const int e = g.expert, count = g.count;
-  if (publish) {
-    if (threadIdx.x == 0) {
-      tab.expert[slot] = e;
-      tab.offset[slot] = g.offset;
-      tab.count[slot] = count;
-    }
-    for (int q = threadIdx.x; q < count; q += kThreads) tab.pairs[g.offset + q] = g.list[q];
-  }
-  if (s.d_ff == 0) return;  // nothing to compute (the block-wide barriers are all behind us)
+  const int e = tab.expert[slot];
+  if (e < 0 || s.d_ff == 0) return;  // fewer distinct experts than slots: the whole block leaves together
+  const int count = tab.count[slot];
+  const int* __restrict__ list = tab.pairs + tab.offset[slot];
 
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int64_t f0 = static_cast<int64_t>(blockIdx.x) * R;
@@ -354,7 +329,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int np = min(P, count - p0);
     const TX* xr[P];
 #pragma unroll
-    for (int p = 0; p < P; ++p) xr[p] = x + static_cast<int64_t>(g.list[p0 + min(p, np - 1)] / s.k) * s.d_model;
+    for (int p = 0; p < P; ++p) xr[p] = x + static_cast<int64_t>(list[p0 + min(p, np - 1)] / s.k) * s.d_model;
     float acc[2 * R][P];
     dot_rows<kThreads, (P == 1 ? 2 : 1), V>(acc, w, xr, np, n_chunks, threadIdx.x);  // 2R or 4R loads in flight
 #pragma unroll
@@ -378,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           us += part[i][(R + r) * P + p];
         }
         const float gv = round_to(s.act, gs), uv = round_to(s.act, us);
-        h[static_cast<int64_t>(g.list[p0 + p]) * s.d_ff + f] = round_to(s.act, round_to(s.act, gelu_tanh(gv)) * uv);
+        h[static_cast<int64_t>(list[p0 + p]) * s.d_ff + f] = round_to(s.act, round_to(s.act, gelu_tanh(gv)) * uv);
       }
     }
     __syncthreads();  // part[] is rewritten by the next pass
@@ -386,7 +361,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 }
 
 // Block (row block blockIdx.x, expert slot blockIdx.y): y[pair, o] = D_e[o] . h[pair] for every pair of the slot's
-// expert (the grouping gate_up published). d_ff rows are short (704 values for 26B-A4B), so each warp streams its
+// expert (the grouping of moe_group_kernel). d_ff rows are short (704 values for 26B-A4B), so each warp streams its
 // own R rows of D_e; the block's kWarps * R rows are consecutive.
 template <class TW, int V, int R, int P>
 __global__ void __launch_bounds__(kThreads, 2)
@@ -558,6 +533,10 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
     const TX* xc = x + t0 * s.d_model;
     const int32_t* ic = idx + t0 * s.k;
 
+    launch_kernel(moe_group_kernel, 1, kThreads, 0, stream, tab, ic, s.n_pairs, static_cast<int>(s.n_exp),
+                  static_cast<int>(slots));
+    TANDEM_CUDA_TRY_LAUNCH();
+
     const int r_gu = vec_gu ? pick_rows(s.d_ff, 1, slots, scratch.sm_count) : 1;
     const dim3 gu_grid(static_cast<unsigned>(std::max<int64_t>(1, (s.d_ff + r_gu - 1) / r_gu)),
                        static_cast<unsigned>(slots));
@@ -565,9 +544,9 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
       constexpr int R = decltype(rt)::value, P = decltype(pt)::value;
       if (vec_gu) {
         if constexpr (sizeof(TW) == 2)
-          launch_kernel(moe_gate_up_kernel<TW, TX, 8, R, P>, gu_grid, kThreads, 0, stream, h, tab, xc, gate_up, ic, s);
+          launch_kernel(moe_gate_up_kernel<TW, TX, 8, R, P>, gu_grid, kThreads, 0, stream, h, tab, xc, gate_up, s);
       } else if constexpr (R == 1) {
-        launch_kernel(moe_gate_up_kernel<TW, TX, 1, 1, P>, gu_grid, kThreads, 0, stream, h, tab, xc, gate_up, ic, s);
+        launch_kernel(moe_gate_up_kernel<TW, TX, 1, 1, P>, gu_grid, kThreads, 0, stream, h, tab, xc, gate_up, s);
       }
     });
     TANDEM_CUDA_TRY_LAUNCH();
