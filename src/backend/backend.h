@@ -82,6 +82,12 @@ class Backend : public Allocator {
     linear({.out = a.up, .x = a.x, .w = a.w_up});
     gelu_mul({.out = a.out, .gate = a.out, .up = a.up});
   }
+  // Composite op: rms_norm(a), then rms_norm(next) of its result (next.x is a.out), e.g. a layer's residual norm
+  // and the next block's input norm; a backend may run both in one pass (CUDA), with the same bits.
+  virtual void rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next) {
+    rms_norm(a);
+    rms_norm(next);
+  }
   // Composite op: n products unless a backend fuses them (CUDA: one GEMV launch at decode sizes).
   virtual void linear_group(const LinearGroupArgs& a) {
     for (int i = 0; i < a.n; ++i) linear({.out = a.out[i], .x = a.x, .w = a.w[i]});

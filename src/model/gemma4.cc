@@ -297,6 +297,10 @@ Status Gemma4Model::run_chunk(std::span<const SequenceInput> batch, int64_t rows
                        .eps = tc.rms_eps, .residual = ple.reshape({rows * L, P}), .out_scale = mix_scale});
   }
 
+  // Layer 0's input norm; every later one comes out of the previous layer's last norm (layer_forward).
+  if (tc.n_layers > 0)
+    backend_.rms_norm(
+        {.out = ws.xn.view(act, {rows, tc.d_model}), .x = x, .weight = w_.layers[0].input_norm, .eps = tc.rms_eps});
   for (int i = 0; i < tc.n_layers; ++i) TANDEM_TRY(layer_forward(i, batch, rows));
 
   // Final norm + tied LM head + soft-cap for the requested rows (the last n_outputs of each sequence).
@@ -330,8 +334,18 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
   const Tensor pos = ws.pos.view(DType::kI32, {rows});
   const Tensor inv_freq = rope_.for_layer(ls.attn, ls.head_dim);
 
+  // The block's last residual norm, with the next layer's input norm of its result in the same op (on entry to a
+  // layer, xn already holds input_norm(x); run_chunk computes it for layer 0).
+  auto residual_norm_then_next_input = [&](const RmsNormArgs& a) {
+    if (i + 1 < tc.n_layers) {
+      backend_.rms_norm_then(
+          a, {.out = xn, .x = x, .weight = w_.layers[static_cast<size_t>(i) + 1].input_norm, .eps = tc.rms_eps});
+    } else {
+      backend_.rms_norm(a);
+    }
+  };
+
   // Attention block (spec §1.5, §1.6).
-  backend_.rms_norm({.out = xn, .x = x, .weight = lw.input_norm, .eps = tc.rms_eps});
   const Tensor q = ws.q.view(act, {rows, nh, hd});
   const Tensor k = ws.k.view(act, {rows, nkv, hd});
   const Tensor v = ws.v.view(act, {rows, nkv, hd});
@@ -380,14 +394,15 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
   }
   const Tensor o = ws.o.view(act, {rows, d});
   backend_.linear({.out = o, .x = attn.reshape({rows, nh * hd}), .w = lw.attn.o_proj});
-  // x = x + norm(o): the residual add fused into the post-attention norm (ops.h; the same bits as norm then add).
-  backend_.rms_norm({.out = x, .x = o, .weight = lw.post_attn_norm, .eps = tc.rms_eps, .residual = x});
+  // x = x + norm(o): the residual add fused into the post-attention norm (ops.h; the same bits as norm then add),
+  // then xn = pre_ffn_norm(x) for the feed-forward block, in one op.
+  backend_.rms_norm_then({.out = x, .x = o, .weight = lw.post_attn_norm, .eps = tc.rms_eps, .residual = x},
+                         {.out = xn, .x = x, .weight = lw.pre_ffn_norm, .eps = tc.rms_eps});
 
   // Feed-forward block: dense GeGLU (+ MoE on 26B-A4B), spec §1.9, §1.10.
   const Tensor f = ws.f.view(act, {rows, d});
   const Tensor g = ws.g.view(act, {rows, ls.d_ff});
   const Tensor u = ws.u.view(act, {rows, ls.d_ff});
-  backend_.rms_norm({.out = xn, .x = x, .weight = lw.pre_ffn_norm, .eps = tc.rms_eps});
   backend_.geglu({.out = g, .x = xn, .w_gate = lw.mlp.gate, .w_up = lw.mlp.up, .up = u});
   backend_.linear({.out = f, .x = g, .w = lw.mlp.down});
   if (ls.moe) {
@@ -412,8 +427,17 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
   // x = x + norm(f), times layer_scalar here unless the per-layer-input block still follows (spec §1.5: the scalar
   // multiplies the whole output, residual included, after that block).
   const float layer_scalar = layer_scalar_[static_cast<size_t>(i)];
-  backend_.rms_norm({.out = x, .x = f, .weight = lw.post_ffn_norm, .eps = tc.rms_eps, .residual = x,
-                     .out_scale = tc.ple_dim > 0 ? 1.f : layer_scalar});
+  const RmsNormArgs post_ffn{.out = x,
+                             .x = f,
+                             .weight = lw.post_ffn_norm,
+                             .eps = tc.rms_eps,
+                             .residual = x,
+                             .out_scale = tc.ple_dim > 0 ? 1.f : layer_scalar};
+  if (tc.ple_dim > 0) {
+    backend_.rms_norm(post_ffn);
+  } else {
+    residual_norm_then_next_input(post_ffn);
+  }
 
   if (tc.ple_dim > 0) {
     // Per-layer input: x += norm(proj(gelu(gate(x)) * ple_i)) (spec §1.4).
@@ -426,8 +450,8 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
     backend_.linear({.out = pg, .x = x, .w = lw.ple.gate});
     backend_.gelu_mul({.out = pg, .gate = pg, .up = pl});
     backend_.linear({.out = o, .x = pg, .w = lw.ple.proj});
-    backend_.rms_norm({.out = x, .x = o, .weight = lw.ple.post_norm, .eps = tc.rms_eps, .residual = x,
-                       .out_scale = layer_scalar});
+    residual_norm_then_next_input(
+        {.out = x, .x = o, .weight = lw.ple.post_norm, .eps = tc.rms_eps, .residual = x, .out_scale = layer_scalar});
   }
   return ok_status();
 }

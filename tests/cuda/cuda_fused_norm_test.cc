@@ -133,6 +133,68 @@ TEST_F(CudaFusedNorm, MisalignedViewsEqualSeparateOps) {
   }
 }
 
+TEST_F(CudaFusedNorm, ThenEqualsTwoNormsBitwise) {
+  // rms_norm_then (a layer's residual norm, then the next block's input norm of its result) in one launch gives the
+  // bits of the two rms_norm launches: bf16 and f32, vector and scalar geometry (dim 1037), weightless second norm,
+  // with and without residual / out_scale, out aliasing the residual as in the model; and a misaligned out (other
+  // geometry than x) falls back to the two ops with the same result.
+  uint32_t seed = 500;
+  for (DType dt : {kBF16, kF32}) {
+    for (int64_t rows : {1, 3}) {
+      for (int64_t dim : {1037, 1536, 5376}) {
+        for (int variant = 0; variant < 3; ++variant) {  // 0: residual + scale, 1: residual, 2: neither
+          SCOPED_TRACE(strfmt("%s rows %lld dim %lld variant %d", dtype_name(dt), static_cast<long long>(rows),
+                              static_cast<long long>(dim), variant));
+          DeviceTensor o(be(), dt, {rows, dim}), x0(be(), dt, {rows, dim}), w1(be(), kBF16, {dim}),
+              w2(be(), kBF16, {dim});
+          fill_random(o.host(), seed++);
+          fill_random(x0.host(), seed++);
+          std::mt19937 rng(seed++);
+          w1.host().fill_uniform(rng, 0.5f, 1.5f);
+          w2.host().fill_uniform(rng, 0.5f, 1.5f);
+          for (DeviceTensor* t : {&o, &x0, &w1, &w2}) t->upload();
+          const float s = variant == 0 ? 0.37f : 1.f;
+          for (bool weightless : {false, true}) {
+            const Tensor w2t = weightless ? Tensor{} : w2.t();
+            DeviceTensor xa(be(), dt, {rows, dim}), xna(be(), dt, {rows, dim}), xb(be(), dt, {rows, dim}),
+                xnb(be(), dt, {rows, dim});
+            xa.host().copy_from(x0.host());
+            xb.host().copy_from(x0.host());
+            xa.upload();
+            xb.upload();
+            xna.poison();
+            xnb.poison();
+            const Tensor ra = variant < 2 ? xa.t() : Tensor{}, rb = variant < 2 ? xb.t() : Tensor{};
+            be().rms_norm({.out = xa, .x = o, .weight = w1, .residual = ra, .out_scale = s});
+            be().rms_norm({.out = xna, .x = xa, .weight = w2t});
+            be().rms_norm_then({.out = xb, .x = o, .weight = w1, .residual = rb, .out_scale = s},
+                               {.out = xnb, .x = xb, .weight = w2t});
+            for (DeviceTensor* t : {&xa, &xna, &xb, &xnb}) t->download();
+            EXPECT_TRUE(same_bits(xb.host(), xa.host())) << "first output, weightless " << weightless;
+            EXPECT_TRUE(same_bits(xnb.host(), xna.host())) << "second output, weightless " << weightless;
+          }
+        }
+      }
+    }
+  }
+  // Misaligned first output: its norm geometry differs from x's, so the op runs as two launches.
+  const int64_t rows = 2, dim = 1536;
+  DeviceTensor o(be(), kBF16, {rows, dim}), ob(be(), kBF16, {rows * dim + 1}), w(be(), kBF16, {dim});
+  DeviceTensor want1(be(), kBF16, {rows, dim}), want2(be(), kBF16, {rows, dim}), got2(be(), kBF16, {rows, dim});
+  fill_random(o.host(), 900);
+  fill_random(w.host(), 901);
+  o.upload();
+  w.upload();
+  be().rms_norm({.out = want1, .x = o, .weight = w});
+  be().rms_norm({.out = want2, .x = want1, .weight = w});
+  want2.download();
+  const Tensor out = view_at(ob, 1, rows, dim);
+  be().rms_norm_then({.out = out, .x = o, .weight = w}, {.out = got2, .x = out, .weight = w});
+  got2.download();
+  EXPECT_TRUE(same_bits(got2.host(), want2.host()));
+  EXPECT_TRUE(be().last_error().ok()) << be().last_error().to_string();
+}
+
 // Inverse-frequency tables as the model builds them (RopeTables uploads RopeSpec::inv_freq): sliding layers use
 // the default RoPE over 256 dims, full layers proportional RoPE over 512 with a quarter of the pairs rotated.
 HostTensor inv_freq_of(const RopeSpec& spec, int head_dim) {

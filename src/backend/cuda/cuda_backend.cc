@@ -362,6 +362,24 @@ void CudaBackend::rms_norm(const RmsNormArgs& a) {
   if (pt >= 0) prof_.end(pt, cuda_stream(current_), rms_norm_label(a));
 }
 
+void CudaBackend::rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next) {
+  // One launch when the second norm can reduce in the order its own launch would; otherwise the two ops.
+  if (!rms_norm_then_fusable(a, next)) return Backend::rms_norm_then(a, next);
+  for (const Tensor* t : {&a.out, &a.x, &next.out}) expect_gpu(*t, index_, "rms_norm_then", "out/x");
+  for (const Tensor* t : {&a.weight, &a.residual, &next.weight})
+    if (!t->empty()) expect_gpu(*t, index_, "rms_norm_then", "weight/residual");
+  TANDEM_CHECK_MSG(a.x.ndim >= 1 && a.out.numel() == a.x.numel() && a.out.dim(-1) == a.x.dim(-1) &&
+                       (a.weight.empty() || a.weight.numel() == a.x.dim(-1)) &&
+                       (next.weight.empty() || next.weight.numel() == a.x.dim(-1)) &&
+                       (a.residual.empty() || a.residual.numel() == a.out.numel()),
+                   "cuda rms_norm_then: out %s, x %s, next out %s", a.out.describe().c_str(), a.x.describe().c_str(),
+                   next.out.describe().c_str());
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_rms_norm_then(a, next, cuda_stream(current_)));
+  if (pt >= 0) prof_.end(pt, cuda_stream(current_), rms_norm_label(a) + " + rms_norm");
+}
+
 void CudaBackend::rope(const RopeArgs& a) {
   expect_gpu(a.x, index_, "rope", "x");
   expect_gpu(a.pos, index_, "rope", "pos");

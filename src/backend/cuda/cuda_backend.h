@@ -67,6 +67,7 @@ class CudaBackend final : public Backend {
   void moe_experts(const MoeExpertsArgs& a) override;
   void geglu(const GegluArgs& a) override;
   void linear_group(const LinearGroupArgs& a) override;
+  void rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next) override;
 
   // CUDA extras (tests, benches, CUDA graphs later).
   [[nodiscard]] cudaStream_t cuda_stream(StreamId id) const;

@@ -16,6 +16,10 @@ namespace tandem::cuda {
 // norm_rope.cu
 Status launch_rms_norm(const RmsNormArgs& a, cudaStream_t stream);
 Status launch_rope(const RopeArgs& a, cudaStream_t stream);
+// rms_norm(a) then rms_norm(next) on its output in one launch, bit-identical to the two ops, when next.x is a.out
+// (same norm geometry as a.x), next has no epilogue, and the dtypes are f32/bf16.
+bool rms_norm_then_fusable(const RmsNormArgs& a, const RmsNormArgs& next);
+Status launch_rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next, cudaStream_t stream);
 
 // elementwise.cu
 // Whether this build holds kernel code the current device can run (a clear error instead of failing launches

@@ -64,6 +64,12 @@ struct NormEpilogue {
   const void* residual = nullptr;  // out's dtype and shape, or nullptr
   float out_scale = 1.f;
   bool vec_io = false;  // out, residual and weight are 16-byte aligned: pass 2 may use vector loads and stores
+  // rms_norm_then: next_out = rms_norm(out) * next_w (out's dtype), or nullptr. The launcher takes it only when
+  // out has x's norm geometry, so the second reduction adds the same values in the same order as a separate
+  // rms_norm launch on out would.
+  void* next_out = nullptr;
+  NormWeight next_w;
+  float next_eps = 0.f;
 };
 
 // V elements from p, as vector accesses when `vec` (p 16-byte aligned), else one by one.
@@ -134,6 +140,7 @@ __global__ void rms_norm_kernel(TO* out, const TX* x, NormWeight w, NormEpilogue
   const TO* resr = e.residual ? static_cast<const TO*>(e.residual) + blockIdx.x * dim : nullptr;
   const float inv = row_inv_rms<TX, V>(xr, dim, static_cast<int>(blockDim.x), eps);
   const int64_t step = static_cast<int64_t>(blockDim.x) * V;
+  float ss_next = 0.f;
   for (int64_t i = threadIdx.x * V; i < dim; i += step) {
     float v[V], wv[V];
     load_vec<TX, V>(xr + i, v);
@@ -151,6 +158,25 @@ __global__ void rms_norm_kernel(TO* out, const TX* x, NormWeight w, NormEpilogue
       for (int j = 0; j < V; ++j) v[j] = round_as<TO>(v[j]) * e.out_scale;
     }
     store_any<TO, V>(outr + i, v, e.vec_io);
+    if (e.next_out) {  // the next norm's sum of squares, over the values as stored, in row_inv_rms's order
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float r = round_as<TO>(v[j]);
+        ss_next += r * r;
+      }
+    }
+  }
+  if (e.next_out == nullptr) return;
+  // The next norm (no epilogue): re-read the stored row (this thread's own elements) and scale it.
+  const float inv_next = rsqrtf(block_sum(ss_next) / static_cast<float>(dim) + e.next_eps);
+  TO* nextr = static_cast<TO*>(e.next_out) + blockIdx.x * dim;
+  for (int64_t i = threadIdx.x * V; i < dim; i += step) {
+    float v[V], wv[V];
+    load_vec<TO, V>(outr + i, v);
+    load_weight<V>(e.next_w, i, wv, e.vec_io);
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = v[j] * inv_next * wv[j];
+    store_any<TO, V>(nextr + i, v, e.vec_io);
   }
 }
 
@@ -174,14 +200,22 @@ NormGeometry norm_geometry(const Tensor& x) {
 }
 
 template <class TX, class TO>
-Status rms_norm_typed(const RmsNormArgs& a, cudaStream_t stream) {
+Status rms_norm_typed(const RmsNormArgs& a, cudaStream_t stream, const RmsNormArgs* next = nullptr) {
   const int64_t dim = a.x.dim(-1), rows = a.x.rows();
   if (rows == 0 || dim == 0) return ok_status();
   const NormWeight w{a.weight.empty() ? nullptr : a.weight.data, a.weight.dtype};
   const NormGeometry g = norm_geometry(a.x);
-  NormEpilogue e{a.residual.empty() ? nullptr : a.residual.data, a.out_scale, false};
+  NormEpilogue e;
+  e.residual = a.residual.empty() ? nullptr : a.residual.data;
+  e.out_scale = a.out_scale;
   e.vec_io = g.v == 8 && aligned16(a.out.data) && (!w.data || aligned16(w.data)) &&
              (!e.residual || aligned16(e.residual));
+  if (next != nullptr) {
+    e.next_out = next->out.data;
+    e.next_w = NormWeight{next->weight.empty() ? nullptr : next->weight.data, next->weight.dtype};
+    e.next_eps = next->eps;
+    e.vec_io = e.vec_io && aligned16(e.next_out) && (!e.next_w.data || aligned16(e.next_w.data));
+  }
   auto* out = static_cast<TO*>(a.out.data);
   const auto* x = static_cast<const TX*>(a.x.data);
   const auto grid = static_cast<unsigned>(rows);
@@ -312,6 +346,35 @@ Status launch_rms_norm(const RmsNormArgs& a, cudaStream_t stream) {
   if (xt == DType::kF32 && ot == DType::kBF16) return rms_norm_typed<float, bf16>(a, stream);
   if (xt == DType::kBF16 && ot == DType::kF32) return rms_norm_typed<bf16, float>(a, stream);
   return unsupported(strfmt("cuda rms_norm: x %s -> out %s (f32/bf16 only)", dtype_name(xt), dtype_name(ot)));
+}
+
+bool rms_norm_then_fusable(const RmsNormArgs& a, const RmsNormArgs& next) {
+  const auto is_act = [](DType t) { return t == DType::kBF16 || t == DType::kF32; };
+  const auto plain_weight = [](const Tensor& w) {
+    return w.empty() || w.dtype == DType::kBF16 || w.dtype == DType::kF32;
+  };
+  if (!a.rope_pos.empty() || !next.rope_pos.empty() || !next.residual.empty() || next.out_scale != 1.f) return false;
+  if (next.x.data != a.out.data || next.x.dtype != a.out.dtype || next.out.dtype != a.out.dtype ||
+      next.x.numel() != a.out.numel() || next.out.numel() != a.out.numel() || next.x.dim(-1) != a.x.dim(-1))
+    return false;
+  if (next.out.data == a.out.data || next.out.data == a.x.data ||
+      (!a.residual.empty() && next.out.data == a.residual.data))
+    return false;
+  if (!is_act(a.x.dtype) || !is_act(a.out.dtype) || !plain_weight(a.weight) || !plain_weight(next.weight) ||
+      (!a.residual.empty() && a.residual.dtype != a.out.dtype))
+    return false;
+  // The second reduction must run in the order a separate launch on out would: the same geometry as x's.
+  const NormGeometry gx = norm_geometry(a.x), go = norm_geometry(a.out);
+  return gx.v == go.v && gx.threads == go.threads;
+}
+
+Status launch_rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next, cudaStream_t stream) {
+  if (!rms_norm_then_fusable(a, next)) return internal_error("cuda rms_norm_then: arguments it does not fuse");
+  const DType xt = a.x.dtype, ot = a.out.dtype;
+  if (xt == DType::kBF16 && ot == DType::kBF16) return rms_norm_typed<bf16, bf16>(a, stream, &next);
+  if (xt == DType::kF32 && ot == DType::kF32) return rms_norm_typed<float, float>(a, stream, &next);
+  if (xt == DType::kF32 && ot == DType::kBF16) return rms_norm_typed<float, bf16>(a, stream, &next);
+  return rms_norm_typed<bf16, float>(a, stream, &next);
 }
 
 Status launch_rope(const RopeArgs& a, cudaStream_t stream) {
