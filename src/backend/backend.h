@@ -88,6 +88,19 @@ class Backend : public Allocator {
     rms_norm(a);
     rms_norm(next);
   }
+  // Composite op: the k norm + RoPE, the v norm and the KV write (ops.h KvNormWriteArgs); CUDA runs them as one
+  // launch with the same bits.
+  virtual void kv_norm_write(const KvNormWriteArgs& a) {
+    const KvWriteArgs& w = a.write;
+    rms_norm({.out = w.k_new,
+              .x = w.k_new,
+              .weight = a.k_norm,
+              .eps = a.eps,
+              .rope_pos = w.pos,
+              .rope_inv_freq = a.rope_inv_freq});
+    rms_norm({.out = w.v_new, .x = w.v_new, .weight = Tensor(), .eps = a.eps});
+    kv_write(w);
+  }
   // Composite op: n products unless a backend fuses them (CUDA: one GEMV launch at decode sizes).
   virtual void linear_group(const LinearGroupArgs& a) {
     for (int i = 0; i < a.n; ++i) linear({.out = a.out[i], .x = a.x, .w = a.w[i]});

@@ -84,6 +84,15 @@ struct KvWriteArgs {
   Tensor k_new, v_new, pos;
 };
 
+// The attention block's new keys and values into the cache in one op: k_new = RoPE(rms_norm(k_new) * k_norm) at
+// write.pos (rope_inv_freq as RmsNormArgs), v_new = rms_norm(v_new) (weightless), then kv_write(write); k_new and
+// v_new may be left holding the normed values or not (only the cache is defined afterwards).
+struct KvNormWriteArgs {
+  KvWriteArgs write;
+  Tensor k_norm, rope_inv_freq;
+  float eps = 1e-6f;
+};
+
 // out[t, h] = softmax_k(q[t, h] . K[k] * scale + mask) V[k] over keys k in [kv.begin, kv.end) that are visible:
 // causal: k <= q_pos[t]; window > 0: k > q_pos[t] - window. Query head h reads KV head h / (n_heads / n_kv_heads).
 // Softmax in f32 with the row maximum subtracted. A query with no visible key (e.g. begin > q_pos) gets a zero

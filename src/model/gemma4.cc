@@ -370,15 +370,30 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
       // K=V layers: values are the raw k_proj output, copied before k_norm/RoPE (spec §1.6, item 7 of §6).
       TANDEM_TRY(backend_.copy(v.data, k.data, k.nbytes(), CopyKind::kDeviceToDevice));
     }
-    backend_.rms_norm(
-        {.out = k, .x = k, .weight = lw.attn.k_norm, .eps = tc.rms_eps, .rope_pos = pos, .rope_inv_freq = inv_freq});
-    backend_.rms_norm({.out = v, .x = v, .weight = Tensor(), .eps = tc.rms_eps});  // weightless v_norm
-    int64_t r = 0;
-    for (const SequenceInput& in : batch) {
+    if (batch.size() == 1) {
+      // k = RoPE(k_norm(k)), v = v_norm(v) and the cache write in one op (one launch on CUDA).
+      const SequenceInput& in = batch[0];
       const int64_t n = static_cast<int64_t>(in.tokens.size());
-      backend_.kv_write({.kv = in.cache->view(i, in.cache->length() + n), .k_new = k.slice(r, r + n),
-                         .v_new = v.slice(r, r + n), .pos = pos.slice(r, r + n)});
-      r += n;
+      backend_.kv_norm_write({.write = {.kv = in.cache->view(i, in.cache->length() + n),
+                                        .k_new = k.slice(0, n),
+                                        .v_new = v.slice(0, n),
+                                        .pos = pos.slice(0, n)},
+                              .k_norm = lw.attn.k_norm,
+                              .rope_inv_freq = inv_freq,
+                              .eps = tc.rms_eps});
+    } else {
+      backend_.rms_norm(
+          {.out = k, .x = k, .weight = lw.attn.k_norm, .eps = tc.rms_eps, .rope_pos = pos, .rope_inv_freq = inv_freq});
+      backend_.rms_norm({.out = v, .x = v, .weight = Tensor(), .eps = tc.rms_eps});  // weightless v_norm
+      int64_t r = 0;
+      for (const SequenceInput& in : batch) {
+        const int64_t n = static_cast<int64_t>(in.tokens.size());
+        backend_.kv_write({.kv = in.cache->view(i, in.cache->length() + n),
+                           .k_new = k.slice(r, r + n),
+                           .v_new = v.slice(r, r + n),
+                           .pos = pos.slice(r, r + n)});
+        r += n;
+      }
     }
   }
   const Tensor attn = ws.attn.view(act, {rows, nh, hd});

@@ -4,6 +4,7 @@
 // residual and with misaligned views, and match the reference kernels within the tolerances of cuda_fixture.h.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -262,6 +263,64 @@ TEST_F(CudaFusedNorm, RopeEqualsSeparateOps) {
             be().rms_norm({.out = got, .x = got, .weight = weight, .rope_pos = pos, .rope_inv_freq = inv});
             got.download();
             EXPECT_TRUE(same_bits(got.host(), want.host())) << "out == x";
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaFusedNorm, KvNormWriteEqualsThreeOps) {
+  // kv_norm_write in one launch fills the cache with the bits of rms_norm + RoPE on k, the weightless rms_norm on
+  // v and kv_write: head dims 256 / 512 with default / proportional RoPE, 1-3 KV heads, 1-5 tokens, a plain store
+  // and a ring (slots wrapping), a position the store cannot hold (skipped by both), bf16 and f32.
+  const RopeSpec sliding{.kind = RopeKind::kDefault, .theta = 1e4};
+  const RopeSpec full{.kind = RopeKind::kProportional, .theta = 1e6, .partial_rotary_factor = 0.25};
+  uint32_t seed = 700;
+  for (DType dt : {kBF16, kF32}) {
+    for (int hd : {256, 512}) {
+      for (int64_t n_kv : {1, 3}) {
+        for (int64_t n_tok : {1, 5}) {
+          for (bool ring : {false, true}) {
+            SCOPED_TRACE(strfmt("%s head_dim %d kv heads %lld tokens %lld ring %d", dtype_name(dt), hd,
+                                static_cast<long long>(n_kv), static_cast<long long>(n_tok), ring));
+            const int64_t cap = 8;
+            DeviceTensor k(be(), dt, {n_tok, n_kv, hd}), v(be(), dt, {n_tok, n_kv, hd}), w(be(), kBF16, {hd});
+            DeviceTensor pos(be(), kI32, {n_tok}), inv(be(), kF32, {hd / 2});
+            DeviceTensor ka(be(), dt, {n_kv, cap, hd}), va(be(), dt, {n_kv, cap, hd});
+            DeviceTensor kb(be(), dt, {n_kv, cap, hd}), vb(be(), dt, {n_kv, cap, hd});
+            inv.host().copy_from(inv_freq_of(hd == 512 ? full : sliding, hd));
+            fill_random(k.host(), seed++);
+            fill_random(v.host(), seed++);
+            std::mt19937 rng(seed++);
+            w.host().fill_uniform(rng, 0.5f, 1.5f);
+            // Consecutive positions from 6: a ring of 8 wraps; a plain store of 8 cannot hold 8 and up.
+            for (int64_t t = 0; t < n_tok; ++t) pos.host().seti(t, static_cast<int32_t>(6 + t));
+            for (DeviceTensor* t : {&k, &v, &w, &pos, &inv}) t->upload();
+            for (DeviceTensor* t : {&ka, &va, &kb, &vb}) t->poison();
+            DeviceTensor k2(be(), dt, {n_tok, n_kv, hd}), v2(be(), dt, {n_tok, n_kv, hd});
+            k2.host().copy_from(k.host());
+            v2.host().copy_from(v.host());
+            k2.upload();
+            v2.upload();
+            const int64_t end = 6 + n_tok;
+            const KvView va_view{.k = ka,
+                                 .v = va,
+                                 .begin = ring ? std::max<int64_t>(0, end - cap) : 0,
+                                 .end = ring ? end : std::min(end, cap),
+                                 .ring = ring};
+            KvView vb_view = va_view;
+            vb_view.k = kb;
+            vb_view.v = vb;
+            // The three ops (the Backend composite) on copies, then the fused op.
+            be().Backend::kv_norm_write(
+                {.write = {.kv = va_view, .k_new = k2, .v_new = v2, .pos = pos}, .k_norm = w, .rope_inv_freq = inv});
+            be().kv_norm_write(
+                {.write = {.kv = vb_view, .k_new = k, .v_new = v, .pos = pos}, .k_norm = w, .rope_inv_freq = inv});
+            for (DeviceTensor* t : {&ka, &va, &kb, &vb}) t->download();
+            ASSERT_TRUE(be().last_error().ok()) << be().last_error().to_string();
+            EXPECT_TRUE(same_bits(kb.host(), ka.host())) << "keys";
+            EXPECT_TRUE(same_bits(vb.host(), va.host())) << "values";
           }
         }
       }

@@ -415,6 +415,31 @@ void CudaBackend::kv_write(const KvWriteArgs& a) {
   if (pt >= 0) prof_.end(pt, cuda_stream(current_), "kv_write");
 }
 
+void CudaBackend::kv_norm_write(const KvNormWriteArgs& a) {
+  // One launch when it gives the bits of the three ops; otherwise the three ops (which check their arguments).
+  if (!kv_norm_write_fusable(a)) return Backend::kv_norm_write(a);
+  const KvWriteArgs& w = a.write;
+  expect_gpu(w.k_new, index_, "kv_norm_write", "k_new");
+  expect_gpu(w.v_new, index_, "kv_norm_write", "v_new");
+  expect_gpu(w.pos, index_, "kv_norm_write", "pos");
+  expect_i32(w.pos, "kv_norm_write", "pos");
+  expect_gpu(a.rope_inv_freq, index_, "kv_norm_write", "rope_inv_freq");
+  if (!a.k_norm.empty()) expect_gpu(a.k_norm, index_, "kv_norm_write", "k_norm");
+  TANDEM_CHECK_MSG(w.pos.numel() == w.k_new.shape[0] && (a.k_norm.empty() || a.k_norm.numel() == w.k_new.shape[2]),
+                   "cuda kv_norm_write: k_new %s, pos %s, k_norm %s", w.k_new.describe().c_str(),
+                   w.pos.describe().c_str(), a.k_norm.describe().c_str());
+  for (const Tensor* t : {&w.kv.k, &w.kv.v}) {
+    expect_gpu(*t, index_, "kv_norm_write", "kv storage", /*contiguous=*/false);
+    TANDEM_CHECK_MSG(t->ndim == 3 && t->shape[0] == w.k_new.shape[1] && t->shape[2] == w.k_new.shape[2] &&
+                         t->stride[2] == 1 && t->shape[1] == w.kv.k.shape[1],
+                     "cuda kv_norm_write: storage %s for k_new %s", t->describe().c_str(), w.k_new.describe().c_str());
+  }
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_kv_norm_write(a, cuda_stream(current_)));
+  if (pt >= 0) prof_.end(pt, cuda_stream(current_), "k norm+rope, v norm, kv_write");
+}
+
 void CudaBackend::gelu_mul(const GeluMulArgs& a) {
   expect_gpu(a.out, index_, "gelu_mul", "out");
   expect_gpu(a.gate, index_, "gelu_mul", "gate");

@@ -68,6 +68,7 @@ class CudaBackend final : public Backend {
   void geglu(const GegluArgs& a) override;
   void linear_group(const LinearGroupArgs& a) override;
   void rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next) override;
+  void kv_norm_write(const KvNormWriteArgs& a) override;
 
   // CUDA extras (tests, benches, CUDA graphs later).
   [[nodiscard]] cudaStream_t cuda_stream(StreamId id) const;

@@ -20,6 +20,10 @@ Status launch_rope(const RopeArgs& a, cudaStream_t stream);
 // (same norm geometry as a.x), next has no epilogue, and the dtypes are f32/bf16.
 bool rms_norm_then_fusable(const RmsNormArgs& a, const RmsNormArgs& next);
 Status launch_rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next, cudaStream_t stream);
+// kv_norm_write in one launch, bit-identical to rms_norm (+RoPE), rms_norm, kv_write, when k/v are contiguous
+// bf16 or f32 like the cache and both norms read with the same vector width.
+bool kv_norm_write_fusable(const KvNormWriteArgs& a);
+Status launch_kv_norm_write(const KvNormWriteArgs& a, cudaStream_t stream);
 
 // elementwise.cu
 // Whether this build holds kernel code the current device can run (a clear error instead of failing launches

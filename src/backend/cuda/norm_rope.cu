@@ -326,7 +326,105 @@ Status rms_norm_rope_typed(const RmsNormArgs& a, cudaStream_t stream) {
   return ok_status();
 }
 
+// kv_norm_write in one launch: blocks [0, rows) take key rows (rms_norm_rope_kernel's arithmetic: its reduction
+// with n_k threads, one pair per thread), blocks [rows, 2 rows) value rows (rms_norm_kernel's weightless norm,
+// reduced with n_v threads: the extra threads of the block add zeros, which changes no bit), and every row goes
+// to its cache slot instead of back in place, as kv_write stores it (same dtype). Row r is token r / n_kv, head
+// r % n_kv; positions the view cannot hold are skipped as kv_write skips them.
+struct KvDest {
+  void* k;
+  void* v;
+  int64_t k_stride_head, k_stride_slot, v_stride_head, v_stride_slot, capacity;
+  bool ring;
+};
+
+template <class T, int V>
+__global__ void kv_norm_rope_write_kernel(KvDest d, const T* k_new, const T* v_new, NormWeight kw, const int32_t* pos,
+                                          const float* inv_freq, int64_t rows, int64_t n_kv, int64_t head_dim, int n_k,
+                                          int n_v, float eps) {
+  pdl_enter();
+  const bool is_v = blockIdx.x >= rows;
+  const int64_t row = is_v ? blockIdx.x - rows : blockIdx.x, half = head_dim / 2;
+  const int64_t t = row / n_kv, h = row % n_kv;
+  const T* xr = (is_v ? v_new : k_new) + row * head_dim;
+  const float inv = row_inv_rms<T, V>(xr, head_dim, is_v ? n_v : n_k, eps);
+  const int64_t p = pos[t];
+  if (p < 0 || (!d.ring && p >= d.capacity)) return;  // after the block-wide reduction: no barrier follows
+  const int64_t slot = d.ring ? p % d.capacity : p;
+  if (is_v) {
+    T* dst = static_cast<T*>(d.v) + h * d.v_stride_head + slot * d.v_stride_slot;
+    for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) dst[i] = from_f32<T>(to_f32(xr[i]) * inv * 1.f);
+    return;
+  }
+  T* dst = static_cast<T*>(d.k) + h * d.k_stride_head + slot * d.k_stride_slot;
+  const float fp = static_cast<float>(p);
+  for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
+    float x1 = round_as<T>(to_f32(xr[j]) * inv * weight_at(kw, j));
+    float x2 = round_as<T>(to_f32(xr[j + half]) * inv * weight_at(kw, j + half));
+    const float f = inv_freq[j];
+    if (f != 0.f) {
+      float sn, cs;
+      sincosf(fp * f, &sn, &cs);
+      rope_pair<T>(x1, x2, cs, sn);
+    }
+    dst[j] = from_f32<T>(x1);
+    dst[j + half] = from_f32<T>(x2);
+  }
+}
+
+template <class T>
+Status kv_norm_write_typed(const KvNormWriteArgs& a, cudaStream_t stream) {
+  const KvWriteArgs& w = a.write;
+  const int64_t n_tok = w.k_new.shape[0], n_kv = w.k_new.shape[1], head_dim = w.k_new.shape[2];
+  const int64_t rows = n_tok * n_kv;
+  if (rows == 0 || head_dim == 0) return ok_status();
+  const Tensor k2 = w.k_new.reshape({rows, head_dim}), v2 = w.v_new.reshape({rows, head_dim});
+  const NormGeometry gk = norm_geometry(k2), gv = norm_geometry(v2);
+  // The key rows' block size as rms_norm_rope_typed picks it (the value rows reduce with their own n_v <= it).
+  const int threads = static_cast<int>(
+      std::min<int64_t>(1024, std::max<int64_t>(gk.threads, (head_dim / 2 + kWarp - 1) / kWarp * kWarp)));
+  const KvDest d{w.kv.k.data,      w.kv.v.data,      w.kv.k.stride[0], w.kv.k.stride[1],
+                 w.kv.v.stride[0], w.kv.v.stride[1], w.kv.capacity(),  w.kv.ring};
+  const NormWeight kw{a.k_norm.empty() ? nullptr : a.k_norm.data, a.k_norm.dtype};
+  const auto* pos = static_cast<const int32_t*>(w.pos.data);
+  const auto* inv_freq = static_cast<const float*>(a.rope_inv_freq.data);
+  const auto grid = static_cast<unsigned>(2 * rows);
+  if (gk.v == 8) {
+    launch_kernel(kv_norm_rope_write_kernel<T, 8>, grid, threads, 0, stream, d, static_cast<const T*>(w.k_new.data),
+                  static_cast<const T*>(w.v_new.data), kw, pos, inv_freq, rows, n_kv, head_dim, gk.threads, gv.threads,
+                  a.eps);
+  } else {
+    launch_kernel(kv_norm_rope_write_kernel<T, 1>, grid, threads, 0, stream, d, static_cast<const T*>(w.k_new.data),
+                  static_cast<const T*>(w.v_new.data), kw, pos, inv_freq, rows, n_kv, head_dim, gk.threads, gv.threads,
+                  a.eps);
+  }
+  TANDEM_CUDA_TRY_LAUNCH();
+  return ok_status();
+}
+
 }  // namespace
+
+bool kv_norm_write_fusable(const KvNormWriteArgs& a) {
+  const KvWriteArgs& w = a.write;
+  const DType t = w.k_new.dtype;
+  if ((t != DType::kBF16 && t != DType::kF32) || w.v_new.dtype != t || w.kv.k.dtype != t || w.kv.v.dtype != t)
+    return false;
+  if (w.k_new.ndim != 3 || !w.k_new.same_shape(w.v_new) || !w.k_new.is_contiguous() || !w.v_new.is_contiguous())
+    return false;
+  if (!a.k_norm.empty() && a.k_norm.dtype != DType::kBF16 && a.k_norm.dtype != DType::kF32) return false;
+  const int64_t head_dim = w.k_new.shape[2];
+  const Tensor k2 = w.k_new.reshape({w.k_new.shape[0] * w.k_new.shape[1], head_dim});
+  const Tensor v2 = w.v_new.reshape({w.k_new.shape[0] * w.k_new.shape[1], head_dim});
+  // Both row kinds read with the same vector width (one kernel instantiation).
+  return head_dim % 2 == 0 && a.rope_inv_freq.dtype == DType::kF32 && a.rope_inv_freq.numel() == head_dim / 2 &&
+         norm_geometry(k2).v == norm_geometry(v2).v;
+}
+
+Status launch_kv_norm_write(const KvNormWriteArgs& a, cudaStream_t stream) {
+  if (!kv_norm_write_fusable(a)) return internal_error("cuda kv_norm_write: arguments it does not fuse");
+  return a.write.k_new.dtype == DType::kBF16 ? kv_norm_write_typed<bf16>(a, stream)
+                                             : kv_norm_write_typed<float>(a, stream);
+}
 
 Status launch_rms_norm(const RmsNormArgs& a, cudaStream_t stream) {
   if (!a.weight.empty() && a.weight.dtype != DType::kBF16 && a.weight.dtype != DType::kF32)
