@@ -425,12 +425,6 @@ void CudaBackend::kv_norm_write(const KvNormWriteArgs& a) {
   expect_i32(w.pos, "kv_norm_write", "pos");
   expect_gpu(a.rope_inv_freq, index_, "kv_norm_write", "rope_inv_freq");
   if (!a.k_norm.empty()) expect_gpu(a.k_norm, index_, "kv_norm_write", "k_norm");
-  if (!a.q.empty()) expect_gpu(a.q, index_, "kv_norm_write", "q");
-  if (!a.q_norm.empty()) {
-    expect_gpu(a.q_norm, index_, "kv_norm_write", "q_norm");
-    TANDEM_CHECK_MSG(a.q_norm.numel() == w.k_new.shape[2], "cuda kv_norm_write: q_norm %s",
-                     a.q_norm.describe().c_str());
-  }
   TANDEM_CHECK_MSG(w.pos.numel() == w.k_new.shape[0] && (a.k_norm.empty() || a.k_norm.numel() == w.k_new.shape[2]),
                    "cuda kv_norm_write: k_new %s, pos %s, k_norm %s", w.k_new.describe().c_str(),
                    w.pos.describe().c_str(), a.k_norm.describe().c_str());
@@ -443,9 +437,7 @@ void CudaBackend::kv_norm_write(const KvNormWriteArgs& a) {
   if (!activate()) return;
   const int pt = prof_.begin(cuda_stream(current_));
   record(launch_kv_norm_write(a, cuda_stream(current_)));
-  if (pt >= 0)
-    prof_.end(pt, cuda_stream(current_),
-              a.q.empty() ? "k norm+rope, v norm, kv_write" : "q+k norm+rope, v norm, kv_write");
+  if (pt >= 0) prof_.end(pt, cuda_stream(current_), "k norm+rope, v norm, kv_write");
 }
 
 void CudaBackend::gelu_mul(const GeluMulArgs& a) {
