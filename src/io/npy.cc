@@ -156,9 +156,12 @@ Result<NpyArray> parse_npy(const uint8_t* bytes, size_t size, const std::string&
   } else {
     return unsupported(strfmt("%s: .npy dtype '%s' is not supported ('<f4', '<i4', '<i8')", src, descr.c_str()));
   }
+  // Every partial product in the int64 range, not only the total: NpyArray::numel() multiplies in this order, and a
+  // zero dimension late in the shape would otherwise hide an overflow before it.
   uint64_t numel = 1;
   for (int64_t d : shape) {
-    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel)) {
+    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel) ||
+        numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
       return corrupt(strfmt("%s: .npy shape overflows", src));
     }
   }

@@ -105,6 +105,11 @@ TEST(Npy, RejectsBadFiles) {
   check(npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }", d8), StatusCode::kCorrupt, "needs 12");
   check(npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, x), }", d8), StatusCode::kCorrupt, "shape");
   check(npy_bytes("{'descr': '<f4', 'shape': (2,), }", d8), StatusCode::kCorrupt, "lacks");
+  // Found by fuzz_npy: partial products past int64 before a zero dimension (the total is 0 elements).
+  check(npy_bytes("{'descr': '<i4', 'fortran_order': False, 'shape': (3, 3074457345618258603, 2, 0), }", {}),
+        StatusCode::kCorrupt, "overflows");
+  check(npy_bytes("{'descr': '<i4', 'fortran_order': False, 'shape': (4611686018427387904, 2, 0), }", {}),
+        StatusCode::kCorrupt, "overflows");
   auto trunc = npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", d8);
   trunc.resize(40);
   check(trunc, StatusCode::kCorrupt, "past the end");
