@@ -273,6 +273,25 @@ __device__ __forceinline__ float weight_at(const NormWeight& w, int64_t i) {
   return static_cast<const float*>(w.data)[i];
 }
 
+// One head row after its reduction: x * inv * w rounded to T, then rope_kernel's rotation of each pair (j, j + half),
+// one pair per thread, into dst (which may be xr: a thread writes only the pair it read).
+template <class T>
+__device__ __forceinline__ void norm_rope_row(T* dst, const T* xr, float inv, const NormWeight& w, float pos,
+                                              const float* inv_freq, int64_t half) {
+  for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
+    float x1 = round_as<T>(to_f32(xr[j]) * inv * weight_at(w, j));
+    float x2 = round_as<T>(to_f32(xr[j + half]) * inv * weight_at(w, j + half));
+    const float f = inv_freq[j];
+    if (f != 0.f) {  // a zero frequency (proportional RoPE) keeps the normed pair as it is
+      float s, c;
+      sincosf(pos * f, &s, &c);
+      rope_pair<T>(x1, x2, c, s);
+    }
+    dst[j] = from_f32<T>(x1);
+    dst[j + half] = from_f32<T>(x2);
+  }
+}
+
 // rms_norm + RoPE, one head per block: row `blockIdx.x` of x/out [n_tok * n_heads, head_dim]. Pass 1 is
 // rms_norm_kernel's reduction (same V, n_active threads); pass 2 gives one thread to each pair (j, j + half): the
 // norm output rounded to T, then rope_kernel's rotation. A thread writes only the pair it read, after the block-wide
@@ -283,21 +302,8 @@ __global__ void rms_norm_rope_kernel(T* out, const T* x, NormWeight w, const int
   pdl_enter();
   const int64_t row = blockIdx.x, half = head_dim / 2;
   const T* xr = x + row * head_dim;
-  T* outr = out + row * head_dim;
   const float inv = row_inv_rms<T, V>(xr, head_dim, n_active, eps);
-  const float p = static_cast<float>(pos[row / n_heads]);
-  for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
-    float x1 = round_as<T>(to_f32(xr[j]) * inv * weight_at(w, j));
-    float x2 = round_as<T>(to_f32(xr[j + half]) * inv * weight_at(w, j + half));
-    const float f = inv_freq[j];
-    if (f != 0.f) {  // a zero frequency (proportional RoPE) keeps the normed pair as it is
-      float s, c;
-      sincosf(p * f, &s, &c);
-      rope_pair<T>(x1, x2, c, s);
-    }
-    outr[j] = from_f32<T>(x1);
-    outr[j + half] = from_f32<T>(x2);
-  }
+  norm_rope_row<T>(out + row * head_dim, xr, inv, w, static_cast<float>(pos[row / n_heads]), inv_freq, half);
 }
 
 template <class T>
@@ -357,19 +363,7 @@ __global__ void kv_norm_rope_write_kernel(KvDest d, const T* k_new, const T* v_n
     return;
   }
   T* dst = static_cast<T*>(d.k) + h * d.k_stride_head + slot * d.k_stride_slot;
-  const float fp = static_cast<float>(p);
-  for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
-    float x1 = round_as<T>(to_f32(xr[j]) * inv * weight_at(kw, j));
-    float x2 = round_as<T>(to_f32(xr[j + half]) * inv * weight_at(kw, j + half));
-    const float f = inv_freq[j];
-    if (f != 0.f) {
-      float sn, cs;
-      sincosf(fp * f, &sn, &cs);
-      rope_pair<T>(x1, x2, cs, sn);
-    }
-    dst[j] = from_f32<T>(x1);
-    dst[j + half] = from_f32<T>(x2);
-  }
+  norm_rope_row<T>(dst, xr, inv, kw, static_cast<float>(p), inv_freq, half);
 }
 
 template <class T>
