@@ -52,6 +52,24 @@ void expect_i32(const Tensor& t, const char* op, const char* what) {
   TANDEM_CHECK_MSG(t.dtype == DType::kI32, "cuda %s: %s must be i32, got %s", op, what, t.describe().c_str());
 }
 
+// The arguments of a KV-cache write (kv_write, kv_norm_write): new keys/values and positions on this GPU, and a
+// [n_kv_heads, capacity, head_dim] storage (strided in its first two dims) that matches them.
+void expect_kv_write(const KvWriteArgs& a, int index, const char* op) {
+  expect_gpu(a.k_new, index, op, "k_new");
+  expect_gpu(a.v_new, index, op, "v_new");
+  expect_gpu(a.pos, index, op, "pos");
+  expect_i32(a.pos, op, "pos");
+  TANDEM_CHECK_MSG(a.k_new.ndim == 3 && a.k_new.same_shape(a.v_new) && a.pos.numel() == a.k_new.shape[0],
+                   "cuda %s: k_new %s, v_new %s, pos %s", op, a.k_new.describe().c_str(), a.v_new.describe().c_str(),
+                   a.pos.describe().c_str());
+  for (const Tensor* t : {&a.kv.k, &a.kv.v}) {
+    expect_gpu(*t, index, op, "kv storage", /*contiguous=*/false);
+    TANDEM_CHECK_MSG(t->ndim == 3 && t->shape[0] == a.k_new.shape[1] && t->shape[2] == a.k_new.shape[2] &&
+                         t->stride[2] == 1 && t->shape[1] == a.kv.k.shape[1],
+                     "cuda %s: storage %s for k_new %s", op, t->describe().c_str(), a.k_new.describe().c_str());
+  }
+}
+
 }  // namespace
 
 int device_count() {
@@ -396,19 +414,7 @@ void CudaBackend::rope(const RopeArgs& a) {
 }
 
 void CudaBackend::kv_write(const KvWriteArgs& a) {
-  expect_gpu(a.k_new, index_, "kv_write", "k_new");
-  expect_gpu(a.v_new, index_, "kv_write", "v_new");
-  expect_gpu(a.pos, index_, "kv_write", "pos");
-  expect_i32(a.pos, "kv_write", "pos");
-  TANDEM_CHECK_MSG(a.k_new.ndim == 3 && a.k_new.same_shape(a.v_new) && a.pos.numel() == a.k_new.shape[0],
-                   "cuda kv_write: k_new %s, v_new %s, pos %s", a.k_new.describe().c_str(),
-                   a.v_new.describe().c_str(), a.pos.describe().c_str());
-  for (const Tensor* t : {&a.kv.k, &a.kv.v}) {
-    expect_gpu(*t, index_, "kv_write", "kv storage", /*contiguous=*/false);
-    TANDEM_CHECK_MSG(t->ndim == 3 && t->shape[0] == a.k_new.shape[1] && t->shape[2] == a.k_new.shape[2] &&
-                         t->stride[2] == 1 && t->shape[1] == a.kv.k.shape[1],
-                     "cuda kv_write: storage %s for k_new %s", t->describe().c_str(), a.k_new.describe().c_str());
-  }
+  expect_kv_write(a, index_, "kv_write");
   if (!activate()) return;
   const int pt = prof_.begin(cuda_stream(current_));
   record(launch_kv_write(a, cuda_stream(current_)));
@@ -419,21 +425,12 @@ void CudaBackend::kv_norm_write(const KvNormWriteArgs& a) {
   // One launch when it gives the bits of the three ops; otherwise the three ops (which check their arguments).
   if (!kv_norm_write_fusable(a)) return Backend::kv_norm_write(a);
   const KvWriteArgs& w = a.write;
-  expect_gpu(w.k_new, index_, "kv_norm_write", "k_new");
-  expect_gpu(w.v_new, index_, "kv_norm_write", "v_new");
-  expect_gpu(w.pos, index_, "kv_norm_write", "pos");
-  expect_i32(w.pos, "kv_norm_write", "pos");
+  expect_kv_write(w, index_, "kv_norm_write");
   expect_gpu(a.rope_inv_freq, index_, "kv_norm_write", "rope_inv_freq");
   if (!a.k_norm.empty()) expect_gpu(a.k_norm, index_, "kv_norm_write", "k_norm");
-  TANDEM_CHECK_MSG(w.pos.numel() == w.k_new.shape[0] && (a.k_norm.empty() || a.k_norm.numel() == w.k_new.shape[2]),
-                   "cuda kv_norm_write: k_new %s, pos %s, k_norm %s", w.k_new.describe().c_str(),
-                   w.pos.describe().c_str(), a.k_norm.describe().c_str());
-  for (const Tensor* t : {&w.kv.k, &w.kv.v}) {
-    expect_gpu(*t, index_, "kv_norm_write", "kv storage", /*contiguous=*/false);
-    TANDEM_CHECK_MSG(t->ndim == 3 && t->shape[0] == w.k_new.shape[1] && t->shape[2] == w.k_new.shape[2] &&
-                         t->stride[2] == 1 && t->shape[1] == w.kv.k.shape[1],
-                     "cuda kv_norm_write: storage %s for k_new %s", t->describe().c_str(), w.k_new.describe().c_str());
-  }
+  TANDEM_CHECK_MSG(a.k_norm.empty() || a.k_norm.numel() == w.k_new.shape[2],
+                   "cuda kv_norm_write: k_norm %s for k_new %s", a.k_norm.describe().c_str(),
+                   w.k_new.describe().c_str());
   if (!activate()) return;
   const int pt = prof_.begin(cuda_stream(current_));
   record(launch_kv_norm_write(a, cuda_stream(current_)));
