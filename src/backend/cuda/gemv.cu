@@ -36,6 +36,12 @@ struct GemvSegs {
   int n;
 };
 
+// Entry si of a segment array, selected without indexing the kernel parameter (which would copy it to local memory).
+template <class V>
+__device__ __forceinline__ V seg_at(const V (&a)[kMaxLinearGroup], int si) {
+  return si == 0 ? a[0] : (si == 1 ? a[1] : a[2]);
+}
+
 // M = 1 weight matrix per segment (linear, linear_group), or 2 (geglu, one segment: rows of w_gate in acc[0], of
 // w_up = w2 in acc[1]).
 template <int T, int R, class TO, int M>
@@ -48,11 +54,10 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int i = 1; i < kMaxLinearGroup; ++i)
     if (i < segs.n && blockIdx.x >= segs.first_block[i]) si = i;
-  const bf16* __restrict__ w = si == 0 ? segs.w[0] : (si == 1 ? segs.w[1] : segs.w[2]);
-  TO* __restrict__ out = static_cast<TO*>(si == 0 ? segs.out[0] : (si == 1 ? segs.out[1] : segs.out[2]));
-  const int64_t n_out = si == 0 ? segs.n_out[0] : (si == 1 ? segs.n_out[1] : segs.n_out[2]);
-  const int64_t first = si == 0 ? segs.first_block[0] : (si == 1 ? segs.first_block[1] : segs.first_block[2]);
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) - first) * R;
+  const bf16* __restrict__ w = seg_at(segs.w, si);
+  TO* __restrict__ out = static_cast<TO*>(seg_at(segs.out, si));
+  const int64_t n_out = seg_at(segs.n_out, si);
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) - seg_at(segs.first_block, si)) * R;
   const int64_t chunks = n_in / 8;
   const uint4* xv = reinterpret_cast<const uint4*>(x);
   // Rows past n_out (the last block) re-read the last row instead of branching inside the loop.
@@ -149,36 +154,32 @@ Status launch_rows(GemvSegs segs, const LinearArgs& a, const void* w2, int sm_co
   return go(std::integral_constant<int, 1>{});
 }
 
-GemvSegs one_segment(const LinearArgs& a) {
+// Segments for n products (first_block is filled at launch).
+GemvSegs make_segs(const Tensor* out, const Tensor* w, int n) {
   GemvSegs segs{};
-  segs.w[0] = static_cast<const bf16*>(a.w.data);
-  segs.out[0] = a.out.data;
-  segs.n_out[0] = a.w.dim(0);
-  segs.n = 1;
+  for (int i = 0; i < n; ++i) {
+    segs.w[i] = static_cast<const bf16*>(w[i].data);
+    segs.out[i] = out[i].data;
+    segs.n_out[i] = w[i].dim(0);
+  }
+  segs.n = n;
   return segs;
 }
+
+GemvSegs one_segment(const LinearArgs& a) { return make_segs(&a.out, &a.w, 1); }
 
 template <class TO>
 Status launch_tokens(const GemvSegs& segs, const LinearArgs& a, int sm_count, cudaStream_t stream) {
   switch (a.x.rows()) {
-    case 1:
-      return launch_rows<1, TO>(segs, a, nullptr, sm_count, stream);
-    case 2:
-      return launch_rows<2, TO>(segs, a, nullptr, sm_count, stream);
-    case 3:
-      return launch_rows<3, TO>(segs, a, nullptr, sm_count, stream);
-    case 4:
-      return launch_rows<4, TO>(segs, a, nullptr, sm_count, stream);
-    case 5:
-      return launch_rows<5, TO>(segs, a, nullptr, sm_count, stream);
-    case 6:
-      return launch_rows<6, TO>(segs, a, nullptr, sm_count, stream);
-    case 7:
-      return launch_rows<7, TO>(segs, a, nullptr, sm_count, stream);
-    case 8:
-      return launch_rows<8, TO>(segs, a, nullptr, sm_count, stream);
-    case 9:
-      return launch_rows<9, TO>(segs, a, nullptr, sm_count, stream);
+    case 1: return launch_rows<1, TO>(segs, a, nullptr, sm_count, stream);
+    case 2: return launch_rows<2, TO>(segs, a, nullptr, sm_count, stream);
+    case 3: return launch_rows<3, TO>(segs, a, nullptr, sm_count, stream);
+    case 4: return launch_rows<4, TO>(segs, a, nullptr, sm_count, stream);
+    case 5: return launch_rows<5, TO>(segs, a, nullptr, sm_count, stream);
+    case 6: return launch_rows<6, TO>(segs, a, nullptr, sm_count, stream);
+    case 7: return launch_rows<7, TO>(segs, a, nullptr, sm_count, stream);
+    case 8: return launch_rows<8, TO>(segs, a, nullptr, sm_count, stream);
+    case 9: return launch_rows<9, TO>(segs, a, nullptr, sm_count, stream);
     default: break;
   }
   return internal_error(strfmt("cuda gemv: %lld rows", static_cast<long long>(a.x.rows())));
@@ -212,13 +213,7 @@ bool gemv_group_eligible(const LinearGroupArgs& a) {
 
 Status launch_gemv_group(const LinearGroupArgs& a, int sm_count, cudaStream_t stream) {
   if (!gemv_group_eligible(a)) return internal_error("cuda gemv group: arguments it does not take");
-  GemvSegs segs{};
-  for (int i = 0; i < a.n; ++i) {
-    segs.w[i] = static_cast<const bf16*>(a.w[i].data);
-    segs.out[i] = a.out[i].data;
-    segs.n_out[i] = a.w[i].dim(0);
-  }
-  segs.n = a.n;
+  const GemvSegs segs = make_segs(a.out, a.w, a.n);
   const LinearArgs first{.out = a.out[0], .x = a.x, .w = a.w[0]};
   return a.out[0].dtype == DType::kBF16 ? launch_tokens<bf16>(segs, first, sm_count, stream)
                                         : launch_tokens<float>(segs, first, sm_count, stream);
