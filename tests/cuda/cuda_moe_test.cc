@@ -214,9 +214,6 @@ HostTensor reference_experts(const DeviceTensor& gate_up, const DeviceTensor& do
   const int64_t d_ff = gate_up.t().shape[1] / 2, d_model = gate_up.t().shape[2];
   const int64_t n_tok = x.t().shape[0], k = idx.t().shape[1];
   const auto bf = [](double v) { return static_cast<double>(round_bf16(static_cast<float>(v))); };
-  const auto gelu = [](double v) {
-    return 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
-  };
   std::vector<double> h(static_cast<size_t>(d_ff)), acc(static_cast<size_t>(d_model));
   for (int64_t t = 0; t < n_tok; ++t) {
     std::fill(acc.begin(), acc.end(), 0.0);
@@ -229,7 +226,7 @@ HostTensor reference_experts(const DeviceTensor& gate_up, const DeviceTensor& do
           g += xi * gate_up.host().get((e * 2 * d_ff + f) * d_model + i);
           u += xi * gate_up.host().get((e * 2 * d_ff + d_ff + f) * d_model + i);
         }
-        h[f] = bf(bf(gelu(bf(g))) * bf(u));
+        h[f] = bf(bf(ref::gelu_tanh(static_cast<float>(bf(g)))) * bf(u));
       }
       for (int64_t o = 0; o < d_model; ++o) {
         double y = 0;
