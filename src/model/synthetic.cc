@@ -101,13 +101,22 @@ Result<ModelConfig> arch_config(const std::string& arch, bool assistant) {
   return parse_model_config(json, arch + (assistant ? "-assistant (built in)" : " (built in)"));
 }
 
+namespace {
+
+int64_t numel_of(const ExpectedTensor& e) {
+  int64_t n = 1;
+  for (int64_t d : e.shape) n *= d;
+  return n;
+}
+
+// Bytes of a synthetic tensor: i64 index tensors, bf16 everything else.
+uint64_t bytes_of(const ExpectedTensor& e) { return static_cast<uint64_t>(numel_of(e)) * (e.index ? 8 : 2); }
+
+}  // namespace
+
 uint64_t synthetic_weight_bytes(const ModelConfig& cfg) {
   uint64_t total = 0;
-  for (const ExpectedTensor& e : expected_tensors(cfg)) {
-    uint64_t n = 1;
-    for (int64_t d : e.shape) n *= static_cast<uint64_t>(d);
-    total += n * (e.index ? 8 : 2);
-  }
+  for (const ExpectedTensor& e : expected_tensors(cfg)) total += bytes_of(e);
   return total;
 }
 
@@ -137,12 +146,6 @@ void fill_random_blocks(const ExpectedTensor& e, int64_t n, uint64_t seed, int64
       p[i - blk0 * kBlock] = f32_to_bf16(lo + span * u);
     }
   }
-}
-
-int64_t numel_of(const ExpectedTensor& e) {
-  int64_t n = 1;
-  for (int64_t d : e.shape) n *= d;
-  return n;
 }
 
 }  // namespace
@@ -198,7 +201,7 @@ Status write_random_checkpoint(const std::string& config_json, const std::string
   header["__metadata__"] = {{"format", "pt"}, {"writer", "tandem random weights"}};
   uint64_t off = 0;
   for (const ExpectedTensor& e : tensors) {
-    const uint64_t bytes = static_cast<uint64_t>(numel_of(e)) * (e.index ? 8 : 2);
+    const uint64_t bytes = bytes_of(e);
     header[e.name] = {{"dtype", e.index ? "I64" : "BF16"}, {"shape", e.shape}, {"data_offsets", {off, off + bytes}}};
     off += bytes;
   }
