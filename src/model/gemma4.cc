@@ -448,13 +448,10 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
                              .eps = tc.rms_eps,
                              .residual = x,
                              .out_scale = tc.ple_dim > 0 ? 1.f : layer_scalar};
-  if (tc.ple_dim > 0) {
-    backend_.rms_norm(post_ffn);
-  } else {
+  if (tc.ple_dim == 0) {
     residual_norm_then_next_input(post_ffn);
-  }
-
-  if (tc.ple_dim > 0) {
+  } else {
+    backend_.rms_norm(post_ffn);
     // Per-layer input: x += norm(proj(gelu(gate(x)) * ple_i)) (spec §1.4).
     const int64_t P = tc.ple_dim;
     const Tensor pg = ws.ple_tmp.view(act, {rows, P});
