@@ -92,6 +92,13 @@ class Backend : public Allocator {
   // launch with the same bits.
   virtual void kv_norm_write(const KvNormWriteArgs& a) {
     const KvWriteArgs& w = a.write;
+    if (!a.q.empty())
+      rms_norm({.out = a.q,
+                .x = a.q,
+                .weight = a.q_norm,
+                .eps = a.eps,
+                .rope_pos = w.pos,
+                .rope_inv_freq = a.rope_inv_freq});
     rms_norm({.out = w.k_new,
               .x = w.k_new,
               .weight = a.k_norm,

@@ -87,10 +87,12 @@ struct KvWriteArgs {
 // The attention block's new keys and values into the cache in one op: k_new = RoPE(rms_norm(k_new) * k_norm) at
 // write.pos (rope_inv_freq as RmsNormArgs), v_new = rms_norm(v_new) (weightless), then kv_write(write); k_new and
 // v_new may be left holding the normed values or not (only the cache is defined afterwards).
+// Optionally (q non-empty) also q = RoPE(rms_norm(q) * q_norm) in place first, as rms_norm with rope would.
 struct KvNormWriteArgs {
   KvWriteArgs write;
   Tensor k_norm, rope_inv_freq;
   float eps = 1e-6f;
+  Tensor q, q_norm;  // [n_tokens, n_heads, head_dim] act, or empty
 };
 
 // out[t, h] = softmax_k(q[t, h] . K[k] * scale + mask) V[k] over keys k in [kv.begin, kv.end) that are visible:

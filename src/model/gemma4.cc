@@ -362,16 +362,19 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
     }
   }
   backend_.linear_group(qkv);
-  // q = RoPE(q_norm(q)) in one op (ops.h: the same bits as rms_norm then rope).
-  backend_.rms_norm(
-      {.out = q, .x = q, .weight = lw.attn.q_norm, .eps = tc.rms_eps, .rope_pos = pos, .rope_inv_freq = inv_freq});
+  // q = RoPE(q_norm(q)) in one op (ops.h: the same bits as rms_norm then rope); in kv_norm_write below when the
+  // layer writes the cache of a single sequence.
+  const bool fused_qkv_norms = ls.owns_kv && batch.size() == 1;
+  if (!fused_qkv_norms)
+    backend_.rms_norm(
+        {.out = q, .x = q, .weight = lw.attn.q_norm, .eps = tc.rms_eps, .rope_pos = pos, .rope_inv_freq = inv_freq});
   if (ls.owns_kv) {
     if (ls.k_eq_v) {
       // K=V layers: values are the raw k_proj output, copied before k_norm/RoPE (spec §1.6, item 7 of §6).
       TANDEM_TRY(backend_.copy(v.data, k.data, k.nbytes(), CopyKind::kDeviceToDevice));
     }
-    if (batch.size() == 1) {
-      // k = RoPE(k_norm(k)), v = v_norm(v) and the cache write in one op (one launch on CUDA).
+    if (fused_qkv_norms) {
+      // q and k = RoPE(norm(.)), v = v_norm(v) and the cache write in one op (one launch on CUDA).
       const SequenceInput& in = batch[0];
       const int64_t n = static_cast<int64_t>(in.tokens.size());
       backend_.kv_norm_write({.write = {.kv = in.cache->view(i, in.cache->length() + n),
@@ -380,7 +383,9 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
                                         .pos = pos.slice(0, n)},
                               .k_norm = lw.attn.k_norm,
                               .rope_inv_freq = inv_freq,
-                              .eps = tc.rms_eps});
+                              .eps = tc.rms_eps,
+                              .q = q.slice(0, n),
+                              .q_norm = lw.attn.q_norm});
     } else {
       backend_.rms_norm(
           {.out = k, .x = k, .weight = lw.attn.k_norm, .eps = tc.rms_eps, .rope_pos = pos, .rope_inv_freq = inv_freq});

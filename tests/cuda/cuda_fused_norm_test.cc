@@ -312,15 +312,30 @@ TEST_F(CudaFusedNorm, KvNormWriteEqualsThreeOps) {
             KvView vb_view = va_view;
             vb_view.k = kb;
             vb_view.v = vb;
-            // The three ops (the Backend composite) on copies, then the fused op.
-            be().Backend::kv_norm_write(
-                {.write = {.kv = va_view, .k_new = k2, .v_new = v2, .pos = pos}, .k_norm = w, .rope_inv_freq = inv});
-            be().kv_norm_write(
-                {.write = {.kv = vb_view, .k_new = k, .v_new = v, .pos = pos}, .k_norm = w, .rope_inv_freq = inv});
-            for (DeviceTensor* t : {&ka, &va, &kb, &vb}) t->download();
+            // Queries too (4 heads per KV head), normed and rotated in place; one token on a plain store without them.
+            const int64_t n_heads = 4 * n_kv;
+            const bool with_q = ring || n_tok > 1;
+            DeviceTensor qa(be(), dt, {n_tok, n_heads, hd}), qb(be(), dt, {n_tok, n_heads, hd}), qw(be(), kBF16, {hd});
+            fill_random(qa.host(), seed++);
+            qb.host().copy_from(qa.host());
+            qw.host().fill_uniform(rng, 0.5f, 1.5f);
+            for (DeviceTensor* t : {&qa, &qb, &qw}) t->upload();
+            // The ops of the Backend composite on copies, then the fused op.
+            be().Backend::kv_norm_write({.write = {.kv = va_view, .k_new = k2, .v_new = v2, .pos = pos},
+                                         .k_norm = w,
+                                         .rope_inv_freq = inv,
+                                         .q = with_q ? qa.t() : Tensor{},
+                                         .q_norm = qw});
+            be().kv_norm_write({.write = {.kv = vb_view, .k_new = k, .v_new = v, .pos = pos},
+                                .k_norm = w,
+                                .rope_inv_freq = inv,
+                                .q = with_q ? qb.t() : Tensor{},
+                                .q_norm = qw});
+            for (DeviceTensor* t : {&ka, &va, &kb, &vb, &qa, &qb}) t->download();
             ASSERT_TRUE(be().last_error().ok()) << be().last_error().to_string();
             EXPECT_TRUE(same_bits(kb.host(), ka.host())) << "keys";
             EXPECT_TRUE(same_bits(vb.host(), va.host())) << "values";
+            EXPECT_TRUE(same_bits(qb.host(), qa.host())) << "queries, with_q " << with_q;
           }
         }
       }

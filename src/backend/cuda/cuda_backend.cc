@@ -431,10 +431,18 @@ void CudaBackend::kv_norm_write(const KvNormWriteArgs& a) {
   TANDEM_CHECK_MSG(a.k_norm.empty() || a.k_norm.numel() == w.k_new.shape[2],
                    "cuda kv_norm_write: k_norm %s for k_new %s", a.k_norm.describe().c_str(),
                    w.k_new.describe().c_str());
+  if (!a.q.empty()) expect_gpu(a.q, index_, "kv_norm_write", "q");
+  if (!a.q_norm.empty()) {
+    expect_gpu(a.q_norm, index_, "kv_norm_write", "q_norm");
+    TANDEM_CHECK_MSG(a.q_norm.numel() == w.k_new.shape[2], "cuda kv_norm_write: q_norm %s",
+                     a.q_norm.describe().c_str());
+  }
   if (!activate()) return;
   const int pt = prof_.begin(cuda_stream(current_));
   record(launch_kv_norm_write(a, cuda_stream(current_)));
-  if (pt >= 0) prof_.end(pt, cuda_stream(current_), "k norm+rope, v norm, kv_write");
+  if (pt >= 0)
+    prof_.end(pt, cuda_stream(current_),
+              a.q.empty() ? "k norm+rope, v norm, kv_write" : "q+k norm+rope, v norm, kv_write");
 }
 
 void CudaBackend::gelu_mul(const GeluMulArgs& a) {

@@ -344,13 +344,29 @@ struct KvDest {
   bool ring;
 };
 
+// Query rows (optional) come first: blocks [0, q_rows) norm + rotate q in place exactly as rms_norm_rope_kernel
+// (n_q reducing threads; the launcher requires q's geometry to equal the keys').
+struct QRows {
+  void* q = nullptr;
+  NormWeight w;
+  int64_t rows = 0, n_heads = 1;
+};
+
 template <class T, int V>
-__global__ void kv_norm_rope_write_kernel(KvDest d, const T* k_new, const T* v_new, NormWeight kw, const int32_t* pos,
-                                          const float* inv_freq, int64_t rows, int64_t n_kv, int64_t head_dim, int n_k,
-                                          int n_v, float eps) {
+__global__ void kv_norm_rope_write_kernel(KvDest d, QRows qr, const T* k_new, const T* v_new, NormWeight kw,
+                                          const int32_t* pos, const float* inv_freq, int64_t rows, int64_t n_kv,
+                                          int64_t head_dim, int n_k, int n_v, float eps) {
   pdl_enter();
-  const bool is_v = blockIdx.x >= rows;
-  const int64_t row = is_v ? blockIdx.x - rows : blockIdx.x, half = head_dim / 2;
+  const int64_t half = head_dim / 2;
+  if (blockIdx.x < qr.rows) {
+    T* xq = static_cast<T*>(qr.q) + static_cast<int64_t>(blockIdx.x) * head_dim;
+    const float inv = row_inv_rms<T, V>(xq, head_dim, n_k, eps);
+    norm_rope_row<T>(xq, xq, inv, qr.w, static_cast<float>(pos[blockIdx.x / qr.n_heads]), inv_freq, half);
+    return;
+  }
+  const int64_t b = blockIdx.x - qr.rows;
+  const bool is_v = b >= rows;
+  const int64_t row = is_v ? b - rows : b;
   const int64_t t = row / n_kv, h = row % n_kv;
   const T* xr = (is_v ? v_new : k_new) + row * head_dim;
   const float inv = row_inv_rms<T, V>(xr, head_dim, is_v ? n_v : n_k, eps);
@@ -382,13 +398,20 @@ Status kv_norm_write_typed(const KvNormWriteArgs& a, cudaStream_t stream) {
   const NormWeight kw{a.k_norm.empty() ? nullptr : a.k_norm.data, a.k_norm.dtype};
   const auto* pos = static_cast<const int32_t*>(w.pos.data);
   const auto* inv_freq = static_cast<const float*>(a.rope_inv_freq.data);
-  const auto grid = static_cast<unsigned>(2 * rows);
+  QRows qr;
+  if (!a.q.empty()) {
+    qr.q = a.q.data;
+    qr.w = NormWeight{a.q_norm.empty() ? nullptr : a.q_norm.data, a.q_norm.dtype};
+    qr.n_heads = a.q.shape[1];
+    qr.rows = a.q.shape[0] * qr.n_heads;
+  }
+  const auto grid = static_cast<unsigned>(qr.rows + 2 * rows);
   if (gk.v == 8) {
-    launch_kernel(kv_norm_rope_write_kernel<T, 8>, grid, threads, 0, stream, d, static_cast<const T*>(w.k_new.data),
+    launch_kernel(kv_norm_rope_write_kernel<T, 8>, grid, threads, 0, stream, d, qr, static_cast<const T*>(w.k_new.data),
                   static_cast<const T*>(w.v_new.data), kw, pos, inv_freq, rows, n_kv, head_dim, gk.threads, gv.threads,
                   a.eps);
   } else {
-    launch_kernel(kv_norm_rope_write_kernel<T, 1>, grid, threads, 0, stream, d, static_cast<const T*>(w.k_new.data),
+    launch_kernel(kv_norm_rope_write_kernel<T, 1>, grid, threads, 0, stream, d, qr, static_cast<const T*>(w.k_new.data),
                   static_cast<const T*>(w.v_new.data), kw, pos, inv_freq, rows, n_kv, head_dim, gk.threads, gv.threads,
                   a.eps);
   }
@@ -409,6 +432,14 @@ bool kv_norm_write_fusable(const KvNormWriteArgs& a) {
   const int64_t head_dim = w.k_new.shape[2];
   const Tensor k2 = w.k_new.reshape({w.k_new.shape[0] * w.k_new.shape[1], head_dim});
   const Tensor v2 = w.v_new.reshape({w.k_new.shape[0] * w.k_new.shape[1], head_dim});
+  if (!a.q.empty()) {  // query rows: the keys' dtype, head dim, token count and norm geometry
+    if (a.q.dtype != t || a.q.ndim != 3 || a.q.shape[0] != w.k_new.shape[0] || a.q.shape[2] != head_dim ||
+        !a.q.is_contiguous() || (!a.q_norm.empty() && a.q_norm.dtype != DType::kBF16 && a.q_norm.dtype != DType::kF32))
+      return false;
+    const NormGeometry gq = norm_geometry(a.q.reshape({a.q.shape[0] * a.q.shape[1], head_dim}));
+    const NormGeometry gk = norm_geometry(k2);
+    if (gq.v != gk.v || gq.threads != gk.threads) return false;
+  }
   // Both row kinds read with the same vector width (one kernel instantiation).
   return head_dim % 2 == 0 && a.rope_inv_freq.dtype == DType::kF32 && a.rope_inv_freq.numel() == head_dim / 2 &&
          norm_geometry(k2).v == norm_geometry(v2).v;
