@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -305,6 +306,67 @@ TEST_F(CudaOps, AttentionKvEndGraphReplay) {
   run_graph_case(be(), ring, kF32, kBF16, {10, 5000}, 1500);
   if (HasFatalFailure()) return;
   run_graph_case(be(), odd, kBF16, kBF16, {30, 2048}, 1600);
+}
+
+// The decode kernel cuts the keys by the range alone, so a graph launch sized for the capacity (its trailing
+// splits empty) gives the eager launch's bits at every length: one split or several, window or full, and a row
+// chunking of 9 tokens. Eager: kv.end = end, no kv_end (launch sized by the range).
+TEST_F(CudaOps, AttentionDecodeGraphEqualsEagerBitwise) {
+  struct Shape {
+    int64_t n_tok, n_heads, n_kv, head_dim, capacity, window;
+    std::vector<int64_t> ends;
+  };
+  const Shape shapes[] = {{1, 8, 1, 512, 4096, 0, {5, 33, 300, 1500, 4096}},
+                          {1, 8, 1, 256, 4096, 512, {20, 300, 2000}},
+                          {9, 16, 2, 256, 2048, 1024, {40, 700, 2048}}};
+  uint32_t seed = 1700;
+  for (const Shape& sh : shapes) {
+    const int64_t hd = sh.head_dim;
+    DeviceTensor k(be(), kBF16, {sh.n_kv, sh.capacity, hd}), v(be(), kBF16, {sh.n_kv, sh.capacity, hd});
+    DeviceTensor q(be(), kBF16, {sh.n_tok, sh.n_heads, hd}), out(be(), kBF16, {sh.n_tok, sh.n_heads, hd});
+    DeviceTensor pos(be(), kI32, {sh.n_tok}), end(be(), kI32, {1});
+    fill_random(q.host(), seed);
+    fill_random(k.host(), seed + 1);
+    fill_random(v.host(), seed + 2);
+    seed += 3;
+    for (DeviceTensor* t : {&q, &k, &v}) t->upload();
+    const KvView kv{.k = k, .v = v, .begin = 0, .end = sh.ends[0], .ring = false};
+    const AttentionArgs graph_args{.out = out, .q = q, .kv = kv, .q_pos = pos, .kv_end = end, .window = sh.window};
+    auto set_end = [&](int64_t e) {
+      for (int64_t t = 0; t < sh.n_tok; ++t) pos.host().seti(t, static_cast<int32_t>(e - sh.n_tok + t));
+      end.host().seti(0, static_cast<int32_t>(e));
+      pos.upload();
+      end.upload();
+    };
+    set_end(sh.ends[0]);
+    be().attention(graph_args);  // warm-up (the kernel's shared-memory attribute), as the engine does
+    ASSERT_TRUE(be().synchronize().ok());
+    Result<Backend::GraphId> graph = be().capture([&] {
+      be().attention(graph_args);
+      return ok_status();
+    });
+    ASSERT_TRUE(graph.ok()) << graph.status().to_string();
+    for (int64_t e : sh.ends) {
+      SCOPED_TRACE(strfmt("%lld tok, %lld/%lld heads, head_dim %lld, window %lld, end %lld",
+                          static_cast<long long>(sh.n_tok), static_cast<long long>(sh.n_heads),
+                          static_cast<long long>(sh.n_kv), static_cast<long long>(hd),
+                          static_cast<long long>(sh.window), static_cast<long long>(e)));
+      set_end(e);
+      out.poison();
+      ASSERT_TRUE(be().replay(*graph).ok());
+      out.download();
+      std::vector<unsigned char> replayed(out.host().t().nbytes());
+      std::memcpy(replayed.data(), out.host().t().data, replayed.size());
+      out.poison();
+      KvView eager_kv = kv;
+      eager_kv.end = e;
+      be().attention({.out = out, .q = q, .kv = eager_kv, .q_pos = pos, .window = sh.window});
+      ASSERT_TRUE(be().synchronize().ok());
+      out.download();
+      ASSERT_EQ(std::memcmp(replayed.data(), out.host().t().data, replayed.size()), 0);
+    }
+    be().release_graph(*graph);
+  }
 }
 
 TEST_F(CudaOps, AttentionUnsupportedIsRecordedNotFatal) {

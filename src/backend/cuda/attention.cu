@@ -173,27 +173,68 @@ __global__ void __launch_bounds__(kWarps * kWarp) attention_kernel(AttnParams p)
   }
 }
 
-// Merges the n_splits partial states of row blockIdx.x (same rule as the in-block merge) and writes the output.
-// A split that saw no key has max -inf, sum 0 and acc 0: weight 0.
+// Merges the n_splits partial states of row blockIdx.x, head dims [64 blockIdx.y, +64) (same rule as the
+// in-block merge) and writes the output. Warp w takes the splits s = w mod kCombineWarps, lane l dims 2l, 2l + 1
+// of the slice; the warps' sums are added in warp order. A split that saw no key (max -inf, sum 0, acc 0) has
+// weight 0 and is not read, so a launch sized for a long context costs little at a short one, and its result is
+// the one a launch with only the non-empty splits gives, bit for bit.
+constexpr int kCombineWarps = 8, kCombineDims = 64;
+
 template <class TQ>
-__global__ void attention_combine_kernel(void* out, const float* partial, int n_splits, int64_t hd) {
+__global__ void __launch_bounds__(kCombineWarps* kWarp)
+    attention_combine_kernel(void* out, const float* partial, int n_splits, int64_t hd) {
   pdl_enter();
   __shared__ float s_w[kMaxAttnSplits];
-  const int64_t row = blockIdx.x;
-  const float* part = partial + row * n_splits * (hd + 2);
-  float mx = -INFINITY;
-  for (int s = 0; s < n_splits; ++s) mx = fmaxf(mx, part[s * (hd + 2) + hd]);
-  for (int s = threadIdx.x; s < n_splits; s += blockDim.x)
-    s_w[s] = mx == -INFINITY ? 0.f : expf(part[s * (hd + 2) + hd] - mx);
+  __shared__ float s_acc[kCombineWarps][kCombineDims];
+  __shared__ float s_red[kCombineWarps];
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const int64_t row = blockIdx.x, stride = hd + 2;
+  const float* part = partial + row * n_splits * stride;
+  // The largest max, then the weights (n_splits <= kMaxAttnSplits).
+  float m = -INFINITY;
+  for (int s = tid; s < n_splits; s += blockDim.x) m = fmaxf(m, part[s * stride + hd]);
+#pragma unroll
+  for (int off = kWarp / 2; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  if (lane == 0) s_red[warp] = m;
   __syncthreads();
-  float sum = 0.f;
-  for (int s = 0; s < n_splits; ++s) sum += part[s * (hd + 2) + hd + 1] * s_w[s];
-  TQ* orow = static_cast<TQ*>(out) + row * hd;
-  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+  float mx = s_red[0];
+  for (int w = 1; w < kCombineWarps; ++w) mx = fmaxf(mx, s_red[w]);
+  float sum = 0.f;  // sum of l_s w_s: per thread, then the warps' shuffle trees, then the warps in order
+  for (int s = tid; s < n_splits; s += blockDim.x) {
+    const float ms = part[s * stride + hd];
+    const float w = mx == -INFINITY || ms == -INFINITY ? 0.f : expf(ms - mx);
+    s_w[s] = w;
+    if (w != 0.f) sum += part[s * stride + hd + 1] * w;
+  }
+  sum = warp_sum(sum);
+  __syncthreads();  // every warp has read s_red (the maxima)
+  if (lane == 0) s_red[warp] = sum;
+  __syncthreads();
+  sum = 0.f;
+  for (int w = 0; w < kCombineWarps; ++w) sum += s_red[w];
+  const int64_t d0 = static_cast<int64_t>(blockIdx.y) * kCombineDims + 2 * lane;
+  float a0 = 0.f, a1 = 0.f;
+  for (int s = warp; s < n_splits; s += kCombineWarps) {
+    const float w = s_w[s];
+    if (w == 0.f) continue;
+    const float* src = part + s * stride + d0;
+    if (hd % 2 == 0 && d0 + 1 < hd) {
+      const float2 v = *reinterpret_cast<const float2*>(src);  // stride and d0 even: 8-byte aligned
+      a0 += v.x * w;
+      a1 += v.y * w;
+    } else {
+      if (d0 < hd) a0 += src[0] * w;
+      if (d0 + 1 < hd) a1 += src[1] * w;
+    }
+  }
+  s_acc[warp][2 * lane] = a0;
+  s_acc[warp][2 * lane + 1] = a1;
+  __syncthreads();
+  if (tid < kCombineDims && blockIdx.y * kCombineDims + tid < hd) {
     float a = 0.f;
-    if (sum > 0.f)
-      for (int s = 0; s < n_splits; ++s) a += part[s * (hd + 2) + d] * s_w[s];
-    orow[d] = from_f32<TQ>(sum > 0.f ? a / sum : 0.f);  // no visible key: a zero row, never 0/0
+    for (int w = 0; w < kCombineWarps; ++w) a += s_acc[w][tid];
+    const int64_t d = static_cast<int64_t>(blockIdx.y) * kCombineDims + tid;
+    static_cast<TQ*>(out)[row * hd + d] = from_f32<TQ>(sum > 0.f ? a / sum : 0.f);  // no visible key: zeros
   }
 }
 
@@ -232,11 +273,12 @@ Status launch_attention_combine(void* out, DType out_dtype, const float* partial
                                 int64_t head_dim, cudaStream_t stream) {
   if (n_splits < 1 || n_splits > kMaxAttnSplits)
     return invalid_argument(strfmt("cuda attention combine: %d splits (at most %d)", n_splits, kMaxAttnSplits));
-  const unsigned grid = static_cast<unsigned>(rows);
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((head_dim + kCombineDims - 1) / kCombineDims));
+  const int threads = kCombineWarps * kWarp;
   if (out_dtype == DType::kBF16)
-    launch_kernel(attention_combine_kernel<bf16>, grid, 128, 0, stream, out, partial, n_splits, head_dim);
+    launch_kernel(attention_combine_kernel<bf16>, grid, threads, 0, stream, out, partial, n_splits, head_dim);
   else
-    launch_kernel(attention_combine_kernel<float>, grid, 128, 0, stream, out, partial, n_splits, head_dim);
+    launch_kernel(attention_combine_kernel<float>, grid, threads, 0, stream, out, partial, n_splits, head_dim);
   TANDEM_CUDA_TRY_LAUNCH();
   return ok_status();
 }

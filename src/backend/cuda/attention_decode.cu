@@ -15,6 +15,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -30,7 +31,7 @@ using bf16 = __nv_bfloat16;
 constexpr int kMaxTokens = 16;          // query tokens the decode path takes (verify of up to 15 drafts)
 constexpr int kMaxChunkRows = 40;       // query rows per block (5 mma n-tiles): bounds the accumulator registers
 constexpr int kMaxHeadDim = 512;        // Gemma 4's full-attention head dim
-constexpr int kMinSplitKeys = 128;      // fewest keys worth a split of their own
+constexpr int kMinSplitKeys = 32;       // fewest keys worth a split of their own (TANDEM_ATTN_SPLIT_KEYS overrides)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -72,7 +73,9 @@ struct DecodeParams {
   int64_t begin, end, capacity, window;
   int n_tok, n_heads, group, head_dim;
   int chunk_rows;               // query rows per block (the last chunk may have fewer)
-  int n_splits;
+  int n_splits;                 // splits launched (>= those the range needs: the trailing ones may be empty)
+  int split_target;             // the range is cut into this many splits of at least min_split_keys keys
+  int min_split_keys;
   bool ring, causal;
   float scale_log2;             // scale * log2(e): scores are kept in base-2 units for exp2f
   float* partial;               // split-K partial states (attention_common.cuh layout) when n_splits > 1
@@ -137,8 +140,9 @@ __global__ void __launch_bounds__(32 * NW, 1) attention_decode_kernel(DecodePara
   }
   __syncthreads();
 
-  // The union of the tokens' ranges, and this split's share of it: splits of at least kMinSplitKeys keys in whole
-  // tiles, so a launch sized for a long context (a graph) leaves the trailing splits empty at a short one.
+  // The union of the tokens' ranges, and this split's share of it: split_target splits of at least min_split_keys
+  // keys in whole tiles. The cut depends only on the range, not on how many splits were launched, so a launch sized
+  // for a long context (a graph) leaves the trailing splits empty at a short one and gives the eager launch's bits.
   int64_t lo_all = 0, hi_all = 0;
   bool any = false;
   for (int t = 0; t < p.n_tok; ++t) {
@@ -147,7 +151,7 @@ __global__ void __launch_bounds__(32 * NW, 1) attention_decode_kernel(DecodePara
     hi_all = any ? max(hi_all, static_cast<int64_t>(s_hi[t])) : s_hi[t];
     any = true;
   }
-  int64_t per = max((hi_all - lo_all + p.n_splits - 1) / p.n_splits, static_cast<int64_t>(kMinSplitKeys));
+  int64_t per = max((hi_all - lo_all + p.split_target - 1) / p.split_target, static_cast<int64_t>(p.min_split_keys));
   per = (per + G::kTk - 1) / G::kTk * G::kTk;
   const int64_t kb = min(hi_all, lo_all + per * split), ke = min(hi_all, kb + per);
   const int n_tiles = static_cast<int>((ke - kb + G::kTk - 1) / G::kTk);
@@ -379,24 +383,36 @@ Result<int> prepare_kernel() {
   return blocks_per_sm.load(std::memory_order_relaxed);
 }
 
-// Splits per (KV head, row chunk): as many blocks as the SMs hold at once (rounded down: one block over that
-// would run as a second wave of its own), each split at least kMinSplitKeys keys, within the workspace and the
-// combine's limit.
-int choose_splits(const DecodeShape& s, int64_t head_dim, int blocks_per_sm, const Scratch& scratch) {
+// Splits per (KV head, row chunk). The target: as many blocks as the SMs hold at once (rounded down: one block
+// over that would run as a second wave of its own), within the workspace and the combine's limit. Launched: the
+// target, or fewer when max_keys needs fewer splits of min_split_keys.
+struct Splits {
+  int target, launched;
+};
+Splits choose_splits(const DecodeShape& s, int64_t head_dim, int blocks_per_sm, int min_split_keys,
+                     const Scratch& scratch) {
+  if (scratch.data == nullptr) return {1, 1};
   const int64_t want = static_cast<int64_t>(std::max(scratch.sm_count, 1)) * blocks_per_sm;
-  const int64_t per_split = s.n_kv * s.n_chunks;
-  int64_t splits = std::min(want / per_split, s.max_keys / kMinSplitKeys);
   const int64_t split_bytes = s.rows_out * (head_dim + 2) * static_cast<int64_t>(sizeof(float));
-  splits = std::min<int64_t>(splits, static_cast<int64_t>(scratch.bytes) / split_bytes);
-  if (scratch.data == nullptr) splits = 1;
-  return static_cast<int>(std::clamp<int64_t>(splits, 1, kMaxAttnSplits));
+  int64_t target = std::min(want / (s.n_kv * s.n_chunks), static_cast<int64_t>(scratch.bytes) / split_bytes);
+  target = std::clamp<int64_t>(target, 1, kMaxAttnSplits);
+  const int64_t needed = (s.max_keys + min_split_keys - 1) / min_split_keys;
+  return {static_cast<int>(target), static_cast<int>(std::clamp<int64_t>(needed, 1, target))};
 }
 
 template <int NW, int NT>
 Status launch_geo(DecodeParams p, const DecodeShape& s, const Scratch& scratch, cudaStream_t stream) {
   using G = Geo<NW, NT>;
   TANDEM_ASSIGN_OR_RETURN(const int blocks_per_sm, (prepare_kernel<NW, NT>()));
-  p.n_splits = choose_splits(s, p.head_dim, blocks_per_sm, scratch);
+  static const int min_split_keys = [] {  // tuning knob: TANDEM_ATTN_SPLIT_KEYS (rounded down to a multiple of 32)
+    const char* e = std::getenv("TANDEM_ATTN_SPLIT_KEYS");
+    const int v = e != nullptr ? std::atoi(e) : 0;
+    return v >= 32 && v <= (1 << 20) ? v / 32 * 32 : kMinSplitKeys;
+  }();
+  const Splits sp = choose_splits(s, p.head_dim, blocks_per_sm, min_split_keys, scratch);
+  p.min_split_keys = min_split_keys;
+  p.split_target = sp.target;
+  p.n_splits = sp.launched;
   const dim3 grid(static_cast<unsigned>(s.n_chunks), static_cast<unsigned>(p.n_splits),
                   static_cast<unsigned>(s.n_kv));
   launch_kernel(attention_decode_kernel<NW, NT>, grid, G::kThreads, G::kSmem, stream, p);
