@@ -1,9 +1,10 @@
 // CUDA op lab (design.md §2, llm.c style): measures the device-to-device copy bandwidth as the floor, then times
 // linear() at Gemma 4 31B's MLP shape [T, 5376] x [21504, 5376]^T bf16 (decode GEMV and verify/prefill sizes) and
-// rms_norm, its fused epilogues at decode size, then attention (31B full/sliding decode and verify) and MoE (26B-A4B
-// routing + experts), printing achieved GB/s (TFLOP/s for the large GEMM) and the ratio to the floor measured in
-// this run.
-// Usage: cuda_bench [--quick]. Exits 0 with a message when there is no GPU, 1 on any device error.
+// rms_norm, its fused epilogues at decode size, then attention (31B and E2B full/sliding decode and verify, long and
+// short contexts) and MoE (26B-A4B routing + experts), printing achieved GB/s (TFLOP/s for the large GEMM) and the
+// ratio to the floor measured in this run.
+// Usage: cuda_bench [--quick | --attention] (--attention: the copy floor and the attention shapes only). Exits 0
+// with a message when there is no GPU, 1 on any device error.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -71,13 +72,15 @@ void report(const char* label, double ms, double bytes, double copy_gbs) {
 
 // attention() at Gemma 4 31B's shapes: the full layer (32 query heads on 4 KV heads, head_dim 512) over a long
 // context for decode (1 query, split-K) and verify (4 and 9 queries: 3 and 8 drafts), and the sliding layer (16 KV
-// heads, head_dim 256, window 1024 over a ring) for decode and a 9-query verify. The bytes are the K/V rows the
-// queries see, read once (the floor: those bytes over the measured copy bandwidth).
+// heads, head_dim 256, window 1024 over a ring) for decode and a 9-query verify; then short contexts (300 keys) at
+// 31B's and E2B's shapes (E2B: 8 query heads on 1 KV head), where launch and merge latency rule, two of them with
+// the end on the device so the launch is sized for the capacity as in a decode graph. The bytes are the K/V rows
+// the queries see, read once (the floor: those bytes over the measured copy bandwidth).
 bool bench_attention(CudaBackend& be, int iters, double copy_gbs) {
   struct Shape {
     const char* label;
     int64_t n_tok, n_heads, n_kv, head_dim, context, capacity, window;
-    bool ring;
+    bool ring, device_end = false;  // device_end: kv_end on the device, launch sized by the capacity (as in graphs)
   };
   const Shape shapes[] = {
       {"attention full decode ctx 32768 (31B)", 1, 32, 4, 512, 32768, 32768, 0, false},
@@ -86,6 +89,14 @@ bool bench_attention(CudaBackend& be, int iters, double copy_gbs) {
       {"attention full decode ctx 4096 (31B)", 1, 32, 4, 512, 4096, 4096, 0, false},
       {"attention sliding decode W 1024 (31B)", 1, 32, 16, 256, 32768, 1024 + 1 + 256, 1024, true},
       {"attention sliding verify 9 tok W 1024 (31B)", 9, 32, 16, 256, 32768, 1024 + 1 + 256, 1024, true},
+      {"attention sliding decode ctx 300 (31B)", 1, 32, 16, 256, 300, 4096, 1024, false},
+      {"attention full decode ctx 300 (31B)", 1, 32, 4, 512, 300, 4096, 0, false},
+      {"attention sliding decode ctx 300 (E2B)", 1, 8, 1, 256, 300, 4096, 512, false},
+      {"attention full decode ctx 300 (E2B)", 1, 8, 1, 512, 300, 4096, 0, false},
+      {"attention full decode ctx 4096 (E2B)", 1, 8, 1, 512, 4096, 4096, 0, false},
+      {"attention sliding verify 5 tok ctx 300 (E2B)", 5, 8, 1, 256, 300, 4096, 512, false},
+      {"attention sliding decode ctx 300 cap 4096 (E2B)", 1, 8, 1, 256, 300, 4096, 512, false, true},
+      {"attention full decode ctx 300 cap 4096 (31B)", 1, 32, 4, 512, 300, 4096, 0, false, true},
   };
   for (const Shape& sh : shapes) {
     const size_t kv_elems = static_cast<size_t>(sh.n_kv * sh.capacity * sh.head_dim);
@@ -93,6 +104,9 @@ bool bench_attention(CudaBackend& be, int iters, double copy_gbs) {
     Buffer k = be.alloc(kv_elems * 2).value(), v = be.alloc(kv_elems * 2).value();
     Buffer q = be.alloc(q_elems * 2).value(), out = be.alloc(q_elems * 2).value();
     Buffer pos = be.alloc(static_cast<size_t>(sh.n_tok) * sizeof(int32_t)).value();
+    Buffer end = be.alloc(sizeof(int32_t)).value();
+    const int32_t hend = static_cast<int32_t>(sh.context);
+    if (!be.copy(end.data(), &hend, sizeof hend, CopyKind::kHostToDevice).ok()) return false;
     if (!fill_bf16(be, k, kv_elems) || !fill_bf16(be, v, kv_elems) || !fill_bf16(be, q, q_elems)) return false;
     std::vector<int32_t> hpos(static_cast<size_t>(sh.n_tok));
     for (int64_t t = 0; t < sh.n_tok; ++t) hpos[static_cast<size_t>(t)] = static_cast<int32_t>(sh.context - sh.n_tok + t);
@@ -101,8 +115,11 @@ bool bench_attention(CudaBackend& be, int iters, double copy_gbs) {
                     .v = v.view(DType::kBF16, {sh.n_kv, sh.capacity, sh.head_dim}),
                     .begin = sh.ring ? sh.context - sh.capacity : 0, .end = sh.context, .ring = sh.ring};
     const AttentionArgs args{.out = out.view(DType::kBF16, {sh.n_tok, sh.n_heads, sh.head_dim}),
-                             .q = q.view(DType::kBF16, {sh.n_tok, sh.n_heads, sh.head_dim}), .kv = kv,
-                             .q_pos = pos.view(DType::kI32, {sh.n_tok}), .window = sh.window};
+                             .q = q.view(DType::kBF16, {sh.n_tok, sh.n_heads, sh.head_dim}),
+                             .kv = kv,
+                             .q_pos = pos.view(DType::kI32, {sh.n_tok}),
+                             .kv_end = sh.device_end ? end.view(DType::kI32, {1}) : Tensor{},
+                             .window = sh.window};
     const double ms = time_ms(be, 3, iters, [&] { be.attention(args); });
     // Keys any query sees: the window slides by one per query (window + n_tok - 1 in all), else the context.
     const int64_t keys = sh.window > 0 ? std::min(sh.window + sh.n_tok - 1, sh.context) : sh.context;
@@ -185,7 +202,7 @@ bool bench_fused_norm(CudaBackend& be, int iters) {
   return be.synchronize().ok();
 }
 
-int run(bool quick) {
+int run(bool quick, bool attention_only) {
   auto made = CudaBackend::create(0);
   if (!made.ok()) {
     const bool has_gpu = cuda::device_count() > 0;  // a GPU the backend cannot use is a failure, not a skip
@@ -215,6 +232,7 @@ int run(bool quick) {
 
   std::printf("\n%-44s %10s %10s %10s %12s\n", "op", "ms", "GB/s", "TFLOP/s", "floor ratio");
   std::printf("%-44s %10.3f %10.0f %10s %12s\n", "copy D2D 1 GiB (read + write)", copy_ms, copy_gbs, "-", "1.00");
+  if (attention_only) return bench_attention(be, iters, copy_gbs) && be.synchronize().ok() ? 0 : 1;
 
   // 31B's gate/up [21504, 5376] and down [5376, 21504] (both 231 MB, far over the 60 MB L2): the GEMV kernel and
   // cuBLASLt at every decode/verify size, cuBLASLt alone beyond.
@@ -281,5 +299,6 @@ int run(bool quick) {
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  return tandem::run(quick);
+  const bool attention_only = argc > 1 && std::strcmp(argv[1], "--attention") == 0;
+  return tandem::run(quick, attention_only);
 }
