@@ -28,7 +28,7 @@ for v in ${ATTN_LAB_VARIANTS:--}; do
   done
 done
 if [ "${ATTN_LAB_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
-  timeout 150 ncu --clock-control none --metrics gpu__time_duration.sum -k regex:attention --launch-count 400 \
+  timeout ${ATTN_LAB_NCU_S:-90} ncu --clock-control none --metrics gpu__time_duration.sum -k regex:attention --launch-count 300 \
     $B/bench/cuda/cuda_bench --attention >"$logs/ncu.txt" 2>&1
   echo "ncu rc $?"
   grep -E "^  [a-z_]+kernel|gpu__time_duration" "$logs/ncu.txt" | paste - - |
