@@ -151,7 +151,11 @@ __global__ void __launch_bounds__(32 * NW, 1) attention_decode_kernel(DecodePara
     hi_all = any ? max(hi_all, static_cast<int64_t>(s_hi[t])) : s_hi[t];
     any = true;
   }
-  int64_t per = max((hi_all - lo_all + p.split_target - 1) / p.split_target, static_cast<int64_t>(p.min_split_keys));
+  // The third term only acts when the range outgrew the launch's sizing (queries far apart under a window, or a
+  // device end past the host's): the launched splits then still cover every key.
+  const int64_t span = hi_all - lo_all;
+  int64_t per = max(max((span + p.split_target - 1) / p.split_target, static_cast<int64_t>(p.min_split_keys)),
+                    (span + p.n_splits - 1) / p.n_splits);
   per = (per + G::kTk - 1) / G::kTk * G::kTk;
   const int64_t kb = min(hi_all, lo_all + per * split), ke = min(hi_all, kb + per);
   const int n_tiles = static_cast<int>((ke - kb + G::kTk - 1) / G::kTk);
