@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "backend/ops.h"
@@ -87,6 +88,12 @@ class Backend : public Allocator {
   virtual void rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next) {
     rms_norm(a);
     rms_norm(next);
+  }
+  // Composite op: independent rms_norms (none reads or writes what another writes), e.g. a MoE block's norms of
+  // the dense output, the router input and the experts' input; a backend may run them in one launch (CUDA), with
+  // the same bits.
+  virtual void rms_norm_batch(std::span<const RmsNormArgs> jobs) {
+    for (const RmsNormArgs& a : jobs) rms_norm(a);
   }
   // Composite op: the k norm + RoPE, the v norm and the KV write (ops.h KvNormWriteArgs); CUDA runs them as one
   // launch with the same bits.

@@ -426,19 +426,29 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
   backend_.geglu({.out = g, .x = xn, .w_gate = lw.mlp.gate, .w_up = lw.mlp.up, .up = u});
   backend_.linear({.out = f, .x = g, .w = lw.mlp.down});
   if (ls.moe) {
-    backend_.rms_norm({.out = f, .x = f, .weight = lw.moe.post_ffn_norm_1, .eps = tc.rms_eps});
-    // Router on the raw residual: weightless norm * router.scale * d_model^-0.5, then softmax/top-k/renorm.
-    const Tensor z = ws.y2.view(act, {rows, d});
-    backend_.rms_norm({.out = z, .x = x, .weight = lw.moe.router_scale, .eps = tc.rms_eps,
-                       .out_scale = static_cast<float>(std::pow(static_cast<double>(d), -0.5))});
+    // Three independent norms in one op: the dense output (post_ffn_norm_1, in place); the router input, a
+    // weightless norm of the raw residual * router.scale * d_model^-0.5 (into xn, free once geglu has read it);
+    // and the experts' input (pre_ffn_norm_2).
+    const Tensor z = xn;
+    const Tensor y2 = ws.y2.view(act, {rows, d});
+    const RmsNormArgs norms[] = {{.out = f, .x = f, .weight = lw.moe.post_ffn_norm_1, .eps = tc.rms_eps},
+                                 {.out = z,
+                                  .x = x,
+                                  .weight = lw.moe.router_scale,
+                                  .eps = tc.rms_eps,
+                                  .out_scale = static_cast<float>(std::pow(static_cast<double>(d), -0.5))},
+                                 {.out = y2, .x = x, .weight = lw.moe.pre_ffn_norm_2, .eps = tc.rms_eps}};
+    backend_.rms_norm_batch(norms);
+    // Router: softmax/top-k/renorm of its logits.
     const Tensor router = ws.router.view(act, {rows, tc.n_experts});
     backend_.linear({.out = router, .x = z, .w = lw.moe.router_proj});
     const Tensor idx = ws.moe_idx.view(DType::kI32, {rows, tc.top_k_experts});
     const Tensor wts = ws.moe_w.view(DType::kF32, {rows, tc.top_k_experts});
-    backend_.moe_route({.idx = idx, .weights = wts, .logits = router, .per_expert_scale = lw.moe.per_expert_scale,
+    backend_.moe_route({.idx = idx,
+                        .weights = wts,
+                        .logits = router,
+                        .per_expert_scale = lw.moe.per_expert_scale,
                         .k = tc.top_k_experts});
-    const Tensor y2 = ws.y2.view(act, {rows, d});
-    backend_.rms_norm({.out = y2, .x = x, .weight = lw.moe.pre_ffn_norm_2, .eps = tc.rms_eps});
     const Tensor f2 = ws.f2.view(act, {rows, d});
     backend_.moe_experts({.out = f2, .x = y2, .gate_up = lw.moe.gate_up, .down = lw.moe.down, .idx = idx,
                           .weights = wts});

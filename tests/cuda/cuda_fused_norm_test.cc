@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/cuda/kernels.h"
 #include "core/strings.h"
 #include "cuda/cuda_fixture.h"
 #include "kernels/ref/ref.h"
@@ -193,6 +194,71 @@ TEST_F(CudaFusedNorm, ThenEqualsTwoNormsBitwise) {
   be().rms_norm_then({.out = out, .x = o, .weight = w}, {.out = got2, .x = out, .weight = w});
   got2.download();
   EXPECT_TRUE(same_bits(got2.host(), want2.host()));
+  EXPECT_TRUE(be().last_error().ok()) << be().last_error().to_string();
+}
+
+TEST_F(CudaFusedNorm, BatchEqualsSeparateNormsBitwise) {
+  // rms_norm_batch as the MoE block runs it (a norm in place, two norms of the same x, one with out_scale) plus a
+  // job with a residual: one launch, each job's bits those of its own rms_norm; bf16 and f32, vector and scalar
+  // geometry (dim 1037). A job reading another's output is not independent: the op falls back to the ops in order.
+  uint32_t seed = 1500;
+  for (DType dt : {kBF16, kF32}) {
+    for (int64_t rows : {1, 5}) {
+      for (int64_t dim : {1037, 2816}) {
+        SCOPED_TRACE(
+            strfmt("%s rows %lld dim %lld", dtype_name(dt), static_cast<long long>(rows), static_cast<long long>(dim)));
+        DeviceTensor f0(be(), dt, {rows, dim}), x(be(), dt, {rows, dim}), res(be(), dt, {rows, dim});
+        DeviceTensor w1(be(), kBF16, {dim}), w2(be(), kF32, {dim}), w3(be(), kBF16, {dim});
+        fill_random(f0.host(), seed++);
+        fill_random(x.host(), seed++);
+        fill_random(res.host(), seed++);
+        std::mt19937 rng(seed++);
+        for (DeviceTensor* w : {&w1, &w2, &w3}) w->host().fill_uniform(rng, 0.5f, 1.5f);
+        for (DeviceTensor* t : {&f0, &x, &res, &w1, &w2, &w3}) t->upload();
+        // a: separate ops; b: the batch. f is normed in place, so each side starts from its own copy.
+        DeviceTensor fa(be(), dt, {rows, dim}), fb(be(), dt, {rows, dim});
+        DeviceTensor za(be(), dt, {rows, dim}), zb(be(), dt, {rows, dim}), ya(be(), dt, {rows, dim}),
+            yb(be(), dt, {rows, dim}), ra(be(), dt, {rows, dim}), rb(be(), dt, {rows, dim});
+        for (DeviceTensor* t : {&fa, &fb}) {
+          t->host().copy_from(f0.host());
+          t->upload();
+        }
+        for (DeviceTensor* t : {&za, &zb, &ya, &yb, &ra, &rb}) t->poison();
+        const float scale = 0.0188f;
+        auto jobs = [&](DeviceTensor& f, DeviceTensor& z, DeviceTensor& y, DeviceTensor& r) {
+          return std::vector<RmsNormArgs>{{.out = f, .x = f, .weight = w1},
+                                          {.out = z, .x = x, .weight = w2, .out_scale = scale},
+                                          {.out = y, .x = x, .weight = w3},
+                                          {.out = r, .x = x, .weight = Tensor{}, .residual = res}};
+        };
+        for (const RmsNormArgs& a : jobs(fa, za, ya, ra)) be().rms_norm(a);
+        const std::vector<RmsNormArgs> batch = jobs(fb, zb, yb, rb);
+        EXPECT_TRUE(cuda::rms_norm_batch_fusable(batch));
+        be().rms_norm_batch(batch);
+        for (DeviceTensor* t : {&fa, &fb, &za, &zb, &ya, &yb, &ra, &rb}) t->download();
+        EXPECT_TRUE(same_bits(fb.host(), fa.host())) << "in place";
+        EXPECT_TRUE(same_bits(zb.host(), za.host())) << "out_scale";
+        EXPECT_TRUE(same_bits(yb.host(), ya.host())) << "second norm of x";
+        EXPECT_TRUE(same_bits(rb.host(), ra.host())) << "residual";
+      }
+    }
+  }
+  // Dependent jobs: the second reads the first's output.
+  const int64_t rows = 3, dim = 2816;
+  DeviceTensor x(be(), kBF16, {rows, dim}), w(be(), kBF16, {dim});
+  DeviceTensor a1(be(), kBF16, {rows, dim}), a2(be(), kBF16, {rows, dim}), b1(be(), kBF16, {rows, dim}),
+      b2(be(), kBF16, {rows, dim});
+  fill_random(x.host(), 1600);
+  fill_random(w.host(), 1601);
+  x.upload();
+  w.upload();
+  be().rms_norm({.out = a1, .x = x, .weight = w});
+  be().rms_norm({.out = a2, .x = a1, .weight = w});
+  const RmsNormArgs dependent[] = {{.out = b1, .x = x, .weight = w}, {.out = b2, .x = b1, .weight = w}};
+  EXPECT_FALSE(cuda::rms_norm_batch_fusable(dependent));
+  be().rms_norm_batch(dependent);
+  for (DeviceTensor* t : {&a2, &b2}) t->download();
+  EXPECT_TRUE(same_bits(b2.host(), a2.host()));
   EXPECT_TRUE(be().last_error().ok()) << be().last_error().to_string();
 }
 

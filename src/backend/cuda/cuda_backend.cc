@@ -347,7 +347,7 @@ void CudaBackend::linear(const LinearArgs& a) {
   }
 }
 
-void CudaBackend::rms_norm(const RmsNormArgs& a) {
+void CudaBackend::expect_rms_norm(const RmsNormArgs& a) const {
   expect_gpu(a.out, index_, "rms_norm", "out");
   expect_gpu(a.x, index_, "rms_norm", "x");
   TANDEM_CHECK_MSG(a.x.ndim >= 1 && a.out.numel() == a.x.numel() && a.out.dim(-1) == a.x.dim(-1),
@@ -374,6 +374,10 @@ void CudaBackend::rms_norm(const RmsNormArgs& a) {
                      a.x.describe().c_str(), a.rope_pos.describe().c_str(), a.rope_inv_freq.describe().c_str(),
                      a.residual.empty() ? "none" : a.residual.describe().c_str(), static_cast<double>(a.out_scale));
   }
+}
+
+void CudaBackend::rms_norm(const RmsNormArgs& a) {
+  expect_rms_norm(a);
   if (!activate()) return;
   const int pt = prof_.begin(cuda_stream(current_));
   record(launch_rms_norm(a, cuda_stream(current_)));
@@ -396,6 +400,16 @@ void CudaBackend::rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next) {
   const int pt = prof_.begin(cuda_stream(current_));
   record(launch_rms_norm_then(a, next, cuda_stream(current_)));
   if (pt >= 0) prof_.end(pt, cuda_stream(current_), rms_norm_label(a) + " + rms_norm");
+}
+
+void CudaBackend::rms_norm_batch(std::span<const RmsNormArgs> jobs) {
+  // One launch when the jobs share a shape and geometry and are independent; otherwise one rms_norm each.
+  if (jobs.size() < 2 || !rms_norm_batch_fusable(jobs)) return Backend::rms_norm_batch(jobs);
+  for (const RmsNormArgs& a : jobs) expect_rms_norm(a);
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_rms_norm_batch(jobs, cuda_stream(current_)));
+  if (pt >= 0) prof_.end(pt, cuda_stream(current_), strfmt("rms_norm x%zu", jobs.size()));
 }
 
 void CudaBackend::rope(const RopeArgs& a) {

@@ -68,6 +68,7 @@ class CudaBackend final : public Backend {
   void geglu(const GegluArgs& a) override;
   void linear_group(const LinearGroupArgs& a) override;
   void rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next) override;
+  void rms_norm_batch(std::span<const RmsNormArgs> jobs) override;
   void kv_norm_write(const KvNormWriteArgs& a) override;
 
   // CUDA extras (tests, benches, CUDA graphs later).
@@ -89,6 +90,8 @@ class CudaBackend final : public Backend {
   bool activate();
   // Keeps the first failure until it is reported.
   void record(Status s);
+  // rms_norm's argument checks (also for each job of rms_norm_batch).
+  void expect_rms_norm(const RmsNormArgs& a) const;
   // The current stream's workspace and the SM count, for attention's split-K and the MoE intermediates.
   [[nodiscard]] Scratch scratch() const;
   [[nodiscard]] bool valid_stream(StreamId id) const { return id >= 0 && id < static_cast<StreamId>(streams_.size()); }

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <span>
 
 #include "backend/ops.h"
 #include "core/status.h"
@@ -20,6 +21,11 @@ Status launch_rope(const RopeArgs& a, cudaStream_t stream);
 // (same norm geometry as a.x), next has no epilogue, and the dtypes are f32/bf16.
 bool rms_norm_then_fusable(const RmsNormArgs& a, const RmsNormArgs& next);
 Status launch_rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next, cudaStream_t stream);
+// Independent rms_norms in one launch (one grid row per job), each bit-identical to its own rms_norm, when there are
+// 1..4 of them with equal rows, dim, dtypes and norm geometry, contiguous, no RoPE, and no job writes bytes another
+// reads or writes.
+bool rms_norm_batch_fusable(std::span<const RmsNormArgs> jobs);
+Status launch_rms_norm_batch(std::span<const RmsNormArgs> jobs, cudaStream_t stream);
 // kv_norm_write in one launch, bit-identical to rms_norm (+RoPE), rms_norm, kv_write, when k/v are contiguous
 // bf16 or f32 like the cache and both norms read with the same vector width.
 bool kv_norm_write_fusable(const KvNormWriteArgs& a);

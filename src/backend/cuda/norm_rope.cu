@@ -7,6 +7,8 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <span>
+#include <utility>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
@@ -130,14 +132,14 @@ __device__ __forceinline__ float row_inv_rms(const TX* xr, int64_t dim, int n_ac
   return rsqrtf(ss / static_cast<float>(dim) + eps);
 }
 
-// Row `blockIdx.x`: y = x * rsqrt(mean(x^2) + eps) * w, then the epilogue. Pass 2 re-reads x (from L1/L2) so any dim
+// Row `row`: y = x * rsqrt(mean(x^2) + eps) * w, then the epilogue. Pass 2 re-reads x (from L1/L2) so any dim
 // works; each element of x and residual is read before it is written by the same thread, so out may alias either.
 template <class TX, class TO, int V>
-__global__ void rms_norm_kernel(TO* out, const TX* x, NormWeight w, NormEpilogue e, int64_t dim, float eps) {
-  pdl_enter();
-  const TX* xr = x + blockIdx.x * dim;
-  TO* outr = out + blockIdx.x * dim;
-  const TO* resr = e.residual ? static_cast<const TO*>(e.residual) + blockIdx.x * dim : nullptr;
+__device__ __forceinline__ void rms_norm_row(TO* out, const TX* x, const NormWeight& w, const NormEpilogue& e,
+                                             int64_t dim, float eps, int64_t row) {
+  const TX* xr = x + row * dim;
+  TO* outr = out + row * dim;
+  const TO* resr = e.residual ? static_cast<const TO*>(e.residual) + row * dim : nullptr;
   const float inv = row_inv_rms<TX, V>(xr, dim, static_cast<int>(blockDim.x), eps);
   const int64_t step = static_cast<int64_t>(blockDim.x) * V;
   float ss_next = 0.f;
@@ -169,7 +171,7 @@ __global__ void rms_norm_kernel(TO* out, const TX* x, NormWeight w, NormEpilogue
   if (e.next_out == nullptr) return;
   // The next norm (no epilogue): re-read the stored row (this thread's own elements) and scale it.
   const float inv_next = rsqrtf(block_sum(ss_next) / static_cast<float>(dim) + e.next_eps);
-  TO* nextr = static_cast<TO*>(e.next_out) + blockIdx.x * dim;
+  TO* nextr = static_cast<TO*>(e.next_out) + row * dim;
   for (int64_t i = threadIdx.x * V; i < dim; i += step) {
     float v[V], wv[V];
     load_vec<TO, V>(outr + i, v);
@@ -178,6 +180,34 @@ __global__ void rms_norm_kernel(TO* out, const TX* x, NormWeight w, NormEpilogue
     for (int j = 0; j < V; ++j) v[j] = v[j] * inv_next * wv[j];
     store_any<TO, V>(nextr + i, v, e.vec_io);
   }
+}
+
+// One block per row (blockIdx.x).
+template <class TX, class TO, int V>
+__global__ void rms_norm_kernel(TO* out, const TX* x, NormWeight w, NormEpilogue e, int64_t dim, float eps) {
+  pdl_enter();
+  rms_norm_row<TX, TO, V>(out, x, w, e, dim, eps, blockIdx.x);
+}
+
+// rms_norm_batch: independent norms of equal shape, dtypes and geometry; job blockIdx.y, row blockIdx.x, through
+// the same row code as rms_norm_kernel (so each job's bits are those of its own launch).
+struct NormJob {
+  void* out = nullptr;
+  const void* x = nullptr;
+  NormWeight w;
+  NormEpilogue e;
+  float eps = 0.f;
+};
+constexpr int kMaxNormJobs = 4;
+struct NormJobs {
+  NormJob j[kMaxNormJobs];
+};
+
+template <class TX, class TO, int V>
+__global__ void rms_norm_jobs_kernel(NormJobs jobs, int64_t dim) {
+  pdl_enter();
+  const NormJob& j = jobs.j[blockIdx.y];
+  rms_norm_row<TX, TO, V>(static_cast<TO*>(j.out), static_cast<const TX*>(j.x), j.w, j.e, dim, j.eps, blockIdx.x);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -199,30 +229,57 @@ NormGeometry norm_geometry(const Tensor& x) {
   return g;
 }
 
-template <class TX, class TO>
-Status rms_norm_typed(const RmsNormArgs& a, cudaStream_t stream, const RmsNormArgs* next = nullptr) {
-  const int64_t dim = a.x.dim(-1), rows = a.x.rows();
-  if (rows == 0 || dim == 0) return ok_status();
-  const NormWeight w{a.weight.empty() ? nullptr : a.weight.data, a.weight.dtype};
-  const NormGeometry g = norm_geometry(a.x);
-  NormEpilogue e;
+// One norm's kernel arguments (the epilogue's vector I/O needs every pointer it touches 16-byte aligned).
+NormJob norm_job(const RmsNormArgs& a, const NormGeometry& g, const RmsNormArgs* next) {
+  NormJob j;
+  j.out = a.out.data;
+  j.x = a.x.data;
+  j.eps = a.eps;
+  j.w = NormWeight{a.weight.empty() ? nullptr : a.weight.data, a.weight.dtype};
+  NormEpilogue& e = j.e;
   e.residual = a.residual.empty() ? nullptr : a.residual.data;
   e.out_scale = a.out_scale;
-  e.vec_io = g.v == 8 && aligned16(a.out.data) && (!w.data || aligned16(w.data)) &&
-             (!e.residual || aligned16(e.residual));
+  e.vec_io =
+      g.v == 8 && aligned16(a.out.data) && (!j.w.data || aligned16(j.w.data)) && (!e.residual || aligned16(e.residual));
   if (next != nullptr) {
     e.next_out = next->out.data;
     e.next_w = NormWeight{next->weight.empty() ? nullptr : next->weight.data, next->weight.dtype};
     e.next_eps = next->eps;
     e.vec_io = e.vec_io && aligned16(e.next_out) && (!e.next_w.data || aligned16(e.next_w.data));
   }
-  auto* out = static_cast<TO*>(a.out.data);
-  const auto* x = static_cast<const TX*>(a.x.data);
+  return j;
+}
+
+template <class TX, class TO>
+Status rms_norm_typed(const RmsNormArgs& a, cudaStream_t stream, const RmsNormArgs* next = nullptr) {
+  const int64_t dim = a.x.dim(-1), rows = a.x.rows();
+  if (rows == 0 || dim == 0) return ok_status();
+  const NormGeometry g = norm_geometry(a.x);
+  const NormJob j = norm_job(a, g, next);
+  auto* out = static_cast<TO*>(j.out);
+  const auto* x = static_cast<const TX*>(j.x);
   const auto grid = static_cast<unsigned>(rows);
   if (g.v == 8) {
-    launch_kernel(rms_norm_kernel<TX, TO, 8>, grid, g.threads, 0, stream, out, x, w, e, dim, a.eps);
+    launch_kernel(rms_norm_kernel<TX, TO, 8>, grid, g.threads, 0, stream, out, x, j.w, j.e, dim, a.eps);
   } else {
-    launch_kernel(rms_norm_kernel<TX, TO, 1>, grid, g.threads, 0, stream, out, x, w, e, dim, a.eps);
+    launch_kernel(rms_norm_kernel<TX, TO, 1>, grid, g.threads, 0, stream, out, x, j.w, j.e, dim, a.eps);
+  }
+  TANDEM_CUDA_TRY_LAUNCH();
+  return ok_status();
+}
+
+template <class TX, class TO>
+Status rms_norm_batch_typed(std::span<const RmsNormArgs> jobs, cudaStream_t stream) {
+  const int64_t dim = jobs[0].x.dim(-1), rows = jobs[0].x.rows();
+  if (rows == 0 || dim == 0) return ok_status();
+  const NormGeometry g = norm_geometry(jobs[0].x);
+  NormJobs k;
+  for (size_t i = 0; i < jobs.size(); ++i) k.j[i] = norm_job(jobs[i], g, nullptr);
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(jobs.size()));
+  if (g.v == 8) {
+    launch_kernel(rms_norm_jobs_kernel<TX, TO, 8>, grid, g.threads, 0, stream, k, dim);
+  } else {
+    launch_kernel(rms_norm_jobs_kernel<TX, TO, 1>, grid, g.threads, 0, stream, k, dim);
   }
   TANDEM_CUDA_TRY_LAUNCH();
   return ok_status();
@@ -498,6 +555,55 @@ Status launch_rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next, cudaS
   if (xt == DType::kF32 && ot == DType::kF32) return rms_norm_typed<float, float>(a, stream, &next);
   if (xt == DType::kF32 && ot == DType::kBF16) return rms_norm_typed<float, bf16>(a, stream, &next);
   return rms_norm_typed<bf16, float>(a, stream, &next);
+}
+
+bool rms_norm_batch_fusable(std::span<const RmsNormArgs> jobs) {
+  if (jobs.empty() || jobs.size() > static_cast<size_t>(kMaxNormJobs)) return false;
+  const RmsNormArgs& a0 = jobs[0];
+  const auto is_act = [](DType t) { return t == DType::kBF16 || t == DType::kF32; };
+  if (a0.x.ndim < 1 || !is_act(a0.x.dtype) || !is_act(a0.out.dtype)) return false;
+  const NormGeometry g0 = norm_geometry(a0.x);
+  // [lo, hi) bytes of a tensor's elements (contiguous rows: the checks below require it).
+  const auto span_of = [](const Tensor& t) {
+    const auto lo = reinterpret_cast<uintptr_t>(t.data);
+    return std::pair<uintptr_t, uintptr_t>{lo, lo + t.nbytes()};
+  };
+  const auto overlap = [&](const Tensor& a, const Tensor& b) {
+    if (a.empty() || b.empty()) return false;
+    const auto [a0_, a1] = span_of(a);
+    const auto [b0, b1] = span_of(b);
+    return a0_ < b1 && b0 < a1;
+  };
+  for (const RmsNormArgs& a : jobs) {
+    if (!a.rope_pos.empty() || a.x.dtype != a0.x.dtype || a.out.dtype != a0.out.dtype || a.x.ndim < 1 ||
+        a.x.dim(-1) != a0.x.dim(-1) || a.x.rows() != a0.x.rows() || a.out.numel() != a.x.numel() ||
+        !a.x.is_contiguous() || !a.out.is_contiguous())
+      return false;
+    if ((!a.weight.empty() && a.weight.dtype != DType::kBF16 && a.weight.dtype != DType::kF32) ||
+        (!a.residual.empty() && (a.residual.dtype != a.out.dtype || !a.residual.is_contiguous())))
+      return false;
+    const NormGeometry g = norm_geometry(a.x);
+    if (g.v != g0.v || g.threads != g0.threads) return false;
+  }
+  // Independent: no job writes what another reads or writes (the blocks of all jobs run at once).
+  for (size_t i = 0; i < jobs.size(); ++i)
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      if (i == j) continue;
+      const Tensor& out = jobs[i].out;
+      if (overlap(out, jobs[j].x) || overlap(out, jobs[j].out) || overlap(out, jobs[j].residual) ||
+          overlap(out, jobs[j].weight))
+        return false;
+    }
+  return true;
+}
+
+Status launch_rms_norm_batch(std::span<const RmsNormArgs> jobs, cudaStream_t stream) {
+  if (!rms_norm_batch_fusable(jobs)) return internal_error("cuda rms_norm_batch: arguments it does not fuse");
+  const DType xt = jobs[0].x.dtype, ot = jobs[0].out.dtype;
+  if (xt == DType::kBF16 && ot == DType::kBF16) return rms_norm_batch_typed<bf16, bf16>(jobs, stream);
+  if (xt == DType::kF32 && ot == DType::kF32) return rms_norm_batch_typed<float, float>(jobs, stream);
+  if (xt == DType::kF32 && ot == DType::kBF16) return rms_norm_batch_typed<float, bf16>(jobs, stream);
+  return rms_norm_batch_typed<bf16, float>(jobs, stream);
 }
 
 Status launch_rope(const RopeArgs& a, cudaStream_t stream) {
