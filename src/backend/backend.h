@@ -99,19 +99,11 @@ class Backend : public Allocator {
   // launch with the same bits.
   virtual void kv_norm_write(const KvNormWriteArgs& a) {
     const KvWriteArgs& w = a.write;
-    if (!a.q.empty())
-      rms_norm({.out = a.q,
-                .x = a.q,
-                .weight = a.q_norm,
-                .eps = a.eps,
-                .rope_pos = w.pos,
-                .rope_inv_freq = a.rope_inv_freq});
-    rms_norm({.out = w.k_new,
-              .x = w.k_new,
-              .weight = a.k_norm,
-              .eps = a.eps,
-              .rope_pos = w.pos,
-              .rope_inv_freq = a.rope_inv_freq});
+    auto norm_rope = [&](const Tensor& x, const Tensor& weight) {  // in place
+      rms_norm({.out = x, .x = x, .weight = weight, .eps = a.eps, .rope_pos = w.pos, .rope_inv_freq = a.rope_inv_freq});
+    };
+    if (!a.q.empty()) norm_rope(a.q, a.q_norm);
+    norm_rope(w.k_new, a.k_norm);
     rms_norm({.out = w.v_new, .x = w.v_new, .weight = Tensor(), .eps = a.eps});
     kv_write(w);
   }
