@@ -387,6 +387,16 @@ Result<int> prepare_kernel() {
   return blocks_per_sm.load(std::memory_order_relaxed);
 }
 
+// kMinSplitKeys, or TANDEM_ATTN_SPLIT_KEYS (a tuning knob, rounded down to a multiple of 32), read once.
+int min_split_keys() {
+  static const int keys = [] {
+    const char* e = std::getenv("TANDEM_ATTN_SPLIT_KEYS");
+    const int v = e != nullptr ? std::atoi(e) : 0;
+    return v >= 32 && v <= (1 << 20) ? v / 32 * 32 : kMinSplitKeys;
+  }();
+  return keys;
+}
+
 // Splits per (KV head, row chunk). The target: as many blocks as the SMs hold at once (rounded down: one block
 // over that would run as a second wave of its own), within the workspace and the combine's limit. Launched: the
 // target, or fewer when max_keys needs fewer splits of min_split_keys.
@@ -408,13 +418,8 @@ template <int NW, int NT>
 Status launch_geo(DecodeParams p, const DecodeShape& s, const Scratch& scratch, cudaStream_t stream) {
   using G = Geo<NW, NT>;
   TANDEM_ASSIGN_OR_RETURN(const int blocks_per_sm, (prepare_kernel<NW, NT>()));
-  static const int min_split_keys = [] {  // tuning knob: TANDEM_ATTN_SPLIT_KEYS (rounded down to a multiple of 32)
-    const char* e = std::getenv("TANDEM_ATTN_SPLIT_KEYS");
-    const int v = e != nullptr ? std::atoi(e) : 0;
-    return v >= 32 && v <= (1 << 20) ? v / 32 * 32 : kMinSplitKeys;
-  }();
-  const Splits sp = choose_splits(s, p.head_dim, blocks_per_sm, min_split_keys, scratch);
-  p.min_split_keys = min_split_keys;
+  p.min_split_keys = min_split_keys();
+  const Splits sp = choose_splits(s, p.head_dim, blocks_per_sm, p.min_split_keys, scratch);
   p.split_target = sp.target;
   p.n_splits = sp.launched;
   const dim3 grid(static_cast<unsigned>(s.n_chunks), static_cast<unsigned>(p.n_splits),

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <span>
-#include <utility>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
@@ -476,6 +475,17 @@ Status kv_norm_write_typed(const KvNormWriteArgs& a, cudaStream_t stream) {
   return ok_status();
 }
 
+// Activation dtypes the norm kernels take, and a weight they read (none, bf16 or f32).
+bool is_act(DType t) { return t == DType::kBF16 || t == DType::kF32; }
+bool plain_weight(const Tensor& w) { return w.empty() || w.dtype == DType::kBF16 || w.dtype == DType::kF32; }
+
+// Whether two contiguous tensors share a byte (an empty one shares none).
+bool bytes_overlap(const Tensor& a, const Tensor& b) {
+  if (a.empty() || b.empty()) return false;
+  const auto a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
 }  // namespace
 
 bool kv_norm_write_fusable(const KvNormWriteArgs& a) {
@@ -529,10 +539,6 @@ Status launch_rms_norm(const RmsNormArgs& a, cudaStream_t stream) {
 }
 
 bool rms_norm_then_fusable(const RmsNormArgs& a, const RmsNormArgs& next) {
-  const auto is_act = [](DType t) { return t == DType::kBF16 || t == DType::kF32; };
-  const auto plain_weight = [](const Tensor& w) {
-    return w.empty() || w.dtype == DType::kBF16 || w.dtype == DType::kF32;
-  };
   if (!a.rope_pos.empty() || !next.rope_pos.empty() || !next.residual.empty() || next.out_scale != 1.f) return false;
   if (next.x.data != a.out.data || next.x.dtype != a.out.dtype || next.out.dtype != a.out.dtype ||
       next.x.numel() != a.out.numel() || next.out.numel() != a.out.numel() || next.x.dim(-1) != a.x.dim(-1))
@@ -560,38 +566,27 @@ Status launch_rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next, cudaS
 bool rms_norm_batch_fusable(std::span<const RmsNormArgs> jobs) {
   if (jobs.empty() || jobs.size() > static_cast<size_t>(kMaxNormJobs)) return false;
   const RmsNormArgs& a0 = jobs[0];
-  const auto is_act = [](DType t) { return t == DType::kBF16 || t == DType::kF32; };
   if (a0.x.ndim < 1 || !is_act(a0.x.dtype) || !is_act(a0.out.dtype)) return false;
   const NormGeometry g0 = norm_geometry(a0.x);
-  // [lo, hi) bytes of a tensor's elements (contiguous rows: the checks below require it).
-  const auto span_of = [](const Tensor& t) {
-    const auto lo = reinterpret_cast<uintptr_t>(t.data);
-    return std::pair<uintptr_t, uintptr_t>{lo, lo + t.nbytes()};
-  };
-  const auto overlap = [&](const Tensor& a, const Tensor& b) {
-    if (a.empty() || b.empty()) return false;
-    const auto [a0_, a1] = span_of(a);
-    const auto [b0, b1] = span_of(b);
-    return a0_ < b1 && b0 < a1;
-  };
   for (const RmsNormArgs& a : jobs) {
     if (!a.rope_pos.empty() || a.x.dtype != a0.x.dtype || a.out.dtype != a0.out.dtype || a.x.ndim < 1 ||
         a.x.dim(-1) != a0.x.dim(-1) || a.x.rows() != a0.x.rows() || a.out.numel() != a.x.numel() ||
         !a.x.is_contiguous() || !a.out.is_contiguous())
       return false;
-    if ((!a.weight.empty() && a.weight.dtype != DType::kBF16 && a.weight.dtype != DType::kF32) ||
+    if (!plain_weight(a.weight) ||
         (!a.residual.empty() && (a.residual.dtype != a.out.dtype || !a.residual.is_contiguous())))
       return false;
     const NormGeometry g = norm_geometry(a.x);
     if (g.v != g0.v || g.threads != g0.threads) return false;
   }
-  // Independent: no job writes what another reads or writes (the blocks of all jobs run at once).
+  // Independent: no job writes what another reads or writes (the blocks of all jobs run at once; every tensor is
+  // contiguous here, so its bytes are one range).
   for (size_t i = 0; i < jobs.size(); ++i)
     for (size_t j = 0; j < jobs.size(); ++j) {
       if (i == j) continue;
       const Tensor& out = jobs[i].out;
-      if (overlap(out, jobs[j].x) || overlap(out, jobs[j].out) || overlap(out, jobs[j].residual) ||
-          overlap(out, jobs[j].weight))
+      if (bytes_overlap(out, jobs[j].x) || bytes_overlap(out, jobs[j].out) || bytes_overlap(out, jobs[j].residual) ||
+          bytes_overlap(out, jobs[j].weight))
         return false;
     }
   return true;
