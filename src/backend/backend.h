@@ -83,6 +83,12 @@ class Backend : public Allocator {
     linear({.out = a.up, .x = a.x, .w = a.w_up});
     gelu_mul({.out = a.out, .gate = a.out, .up = a.up});
   }
+  // Composite op: linear, then gelu_mul with an outside up (ops.h LinearGeluMulArgs); CUDA fuses them at decode
+  // sizes.
+  virtual void linear_gelu_mul(const LinearGeluMulArgs& a) {
+    linear({.out = a.out, .x = a.x, .w = a.w});
+    gelu_mul({.out = a.out, .gate = a.out, .up = a.up});
+  }
   // Composite op: rms_norm(a), then rms_norm(next) of its result (next.x is a.out), e.g. a layer's residual norm
   // and the next block's input norm; a backend may run both in one pass (CUDA), with the same bits.
   virtual void rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next) {

@@ -146,6 +146,13 @@ struct GegluArgs {
   Tensor out, x, w_gate, w_up, up;
 };
 
+// out = gelu_tanh(x @ w^T) * up: a product then gelu_mul, rounded as linear then gelu_mul round (the per-layer-input
+// gate, spec §1.4). out [n_tokens, n] act; x [n_tokens, k] act; w [n, k]; up [n_tokens, n] act, rows may be strided
+// as in gelu_mul.
+struct LinearGeluMulArgs {
+  Tensor out, x, w, up;
+};
+
 // Up to kMaxLinearGroup products of one x: out[i] = x @ w[i]^T for i < n (an attention layer's q, k and v
 // projections), each exactly as linear({.out = out[i], .x = x, .w = w[i]}) computes it.
 inline constexpr int kMaxLinearGroup = 3;

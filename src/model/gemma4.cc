@@ -474,8 +474,7 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
     Tensor pl = ws.ple.view(act, {rows, tc.n_layers * P});
     pl.shape[1] = P;
     pl.data = static_cast<char*>(pl.data) + static_cast<size_t>(i * P) * dtype_size(act);
-    backend_.linear({.out = pg, .x = x, .w = lw.ple.gate});
-    backend_.gelu_mul({.out = pg, .gate = pg, .up = pl});
+    backend_.linear_gelu_mul({.out = pg, .x = x, .w = lw.ple.gate, .up = pl});
     backend_.linear({.out = o, .x = pg, .w = lw.ple.proj});
     residual_norm_then_next_input(
         {.out = x, .x = o, .weight = lw.ple.post_norm, .eps = tc.rms_eps, .residual = x, .out_scale = layer_scalar});

@@ -285,5 +285,48 @@ TEST_F(CudaLinear, GroupEqualsSeparateProductsBitwise) {
   }
 }
 
+TEST_F(CudaLinear, LinearGeluMulEqualsItsCompositeBitwise) {
+  // linear_gelu_mul (the per-layer-input gate: gelu(x W^T) * up, up one layer's block of a wider row) in one GEMV
+  // launch for 1-2 rows gives the bits of a GEMV linear() then gelu_mul, for bf16 and f32 outputs; 3 rows take the
+  // composite and match the reference.
+  const cuda::GemvMode before = be().gemv_mode();
+  const int64_t K = 1536, N = 256, layers = 3, layer = 1;
+  for (DType out_dt : {kBF16, kF32}) {
+    for (int64_t n_tok : {1, 2, 3}) {
+      SCOPED_TRACE(strfmt("out %s, %lld rows", dtype_name(out_dt), static_cast<long long>(n_tok)));
+      DeviceTensor x(be(), kBF16, {n_tok, K}), w(be(), kBF16, {N, K}), ple(be(), out_dt, {n_tok, layers * N});
+      DeviceTensor got(be(), out_dt, {n_tok, N}), sep(be(), out_dt, {n_tok, N});
+      fill_random(x.host(), 80);
+      fill_random(w.host(), 81);
+      fill_random(ple.host(), 82);
+      for (DeviceTensor* t : {&x, &w, &ple}) t->upload();
+      got.poison();
+      sep.poison();
+      Tensor up = ple.t();  // columns [layer N, layer N + N) of each row
+      up.shape[1] = N;
+      up.data = static_cast<char*>(up.data) + layer * N * static_cast<int64_t>(dtype_size(out_dt));
+      be().set_gemv_mode(cuda::GemvMode::kAuto);
+      be().linear_gelu_mul({.out = got, .x = x, .w = w, .up = up});
+      be().set_gemv_mode(cuda::GemvMode::kOn);
+      be().linear({.out = sep, .x = x, .w = w});
+      be().gelu_mul({.out = sep, .gate = sep, .up = up});
+      be().set_gemv_mode(before);
+      ASSERT_TRUE(be().synchronize().ok());
+      got.download();
+      sep.download();
+      ple.download();
+      if (n_tok <= 2) {
+        for (int64_t j = 0; j < n_tok * N; ++j) ASSERT_EQ(got.host().get(j), sep.host().get(j)) << "element " << j;
+      }
+      HostTensor prod(out_dt, {n_tok, N}), want(out_dt, {n_tok, N}), up_h(out_dt, {n_tok, N});
+      ref::linear({.out = prod, .x = x.host(), .w = w.host()});
+      for (int64_t t = 0; t < n_tok; ++t)
+        for (int64_t j = 0; j < N; ++j) up_h.set(t * N + j, ple.host().get(t * layers * N + layer * N + j));
+      ref::gelu_mul({.out = want, .gate = prod, .up = up_h});
+      expect_close(got.host(), want, tolerance_for(out_dt, true));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem::testing

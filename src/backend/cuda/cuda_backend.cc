@@ -613,6 +613,25 @@ void CudaBackend::geglu(const GegluArgs& a) {
                                                 static_cast<long long>(a.w_gate.dim(0))));
 }
 
+void CudaBackend::linear_gelu_mul(const LinearGeluMulArgs& a) {
+  // Decode sizes: the gelu_mul in the GEMV's epilogue; otherwise the two ops.
+  if (gemm_->gemv_mode() == GemvMode::kOff || !linear_gelu_mul_gemv_eligible(a)) return Backend::linear_gelu_mul(a);
+  for (const Tensor* t : {&a.out, &a.x, &a.w}) expect_gpu(*t, index_, "linear_gelu_mul", "out/x/w");
+  expect_gpu(a.up, index_, "linear_gelu_mul", "up", /*contiguous=*/false);
+  TANDEM_CHECK_MSG(a.w.ndim == 2 && a.x.dim(-1) == a.w.dim(1) && a.out.rows() == a.x.rows() &&
+                       a.out.dim(-1) == a.w.dim(0) && a.up.ndim == 2 && a.up.shape[0] == a.x.rows() &&
+                       a.up.shape[1] == a.w.dim(0),
+                   "cuda linear_gelu_mul: out %s, x %s, w %s, up %s", a.out.describe().c_str(), a.x.describe().c_str(),
+                   a.w.describe().c_str(), a.up.describe().c_str());
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_linear_gelu_mul_gemv(a, props_.multiProcessorCount, cuda_stream(current_)));
+  if (pt >= 0)
+    prof_.end(pt, cuda_stream(current_),
+              strfmt("linear+gelu_mul %lldx%lld -> %lld (gemv)", static_cast<long long>(a.x.rows()),
+                     static_cast<long long>(a.w.dim(1)), static_cast<long long>(a.w.dim(0))));
+}
+
 void CudaBackend::linear_group(const LinearGroupArgs& a) {
   // Decode sizes: the products of one x in a single GEMV launch; otherwise one linear() each.
   if (gemm_->gemv_mode() == GemvMode::kOff || !gemv_group_eligible(a)) return Backend::linear_group(a);

@@ -66,6 +66,7 @@ class CudaBackend final : public Backend {
   void moe_route(const MoeRouteArgs& a) override;
   void moe_experts(const MoeExpertsArgs& a) override;
   void geglu(const GegluArgs& a) override;
+  void linear_gelu_mul(const LinearGeluMulArgs& a) override;
   void linear_group(const LinearGroupArgs& a) override;
   void rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next) override;
   void rms_norm_batch(std::span<const RmsNormArgs> jobs) override;

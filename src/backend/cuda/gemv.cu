@@ -4,7 +4,8 @@
 // weight row streams through as 4 KB coalesced reads with R independent loads in flight per thread; x (a few KB)
 // comes from L1/L2. Products accumulate in f32 per thread, then a warp and a block reduction; the output is
 // rounded once (ops.h, spec §1.13). The GeGLU variant (geglu op) streams R rows of w_gate and the same R rows of
-// w_up together and writes gelu(round(g)) * round(u), rounded as linear, linear, gelu_mul would round.
+// w_up together and writes gelu(round(g)) * round(u), rounded as linear, linear, gelu_mul would round; the
+// linear_gelu_mul variant writes gelu(round(g)) * up with up read from memory, as linear then gelu_mul round.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -43,11 +44,12 @@ __device__ __forceinline__ V seg_at(const V (&a)[kMaxLinearGroup], int si) {
 }
 
 // M = 1 weight matrix per segment (linear, linear_group), or 2 (geglu, one segment: rows of w_gate in acc[0], of
-// w_up = w2 in acc[1]).
+// w_up = w2 in acc[1]). up (M = 1, one segment, or null): the linear_gelu_mul epilogue, row t of up at
+// up + t * up_stride.
 template <int T, int R, class TO, int M>
 __global__ void __launch_bounds__(kThreads)
     gemv_kernel(GemvSegs segs, const bf16* __restrict__ x, const bf16* __restrict__ w2, int64_t n_in, float alpha,
-                bool accumulate) {
+                bool accumulate, const TO* __restrict__ up, int64_t up_stride) {
   pdl_enter();
   __shared__ float partial[kWarps][M * R * T];
   int si = 0;
@@ -121,14 +123,20 @@ __global__ void __launch_bounds__(kThreads)
     } else {
       float y = alpha * s;
       if (accumulate) y += to_f32(*dst);
+      if (up != nullptr) {  // gelu_mul(out, out, up) on the product as stored: gelu rounded, then the product
+        const float g = to_f32(from_f32<TO>(y));
+        y = to_f32(from_f32<TO>(gelu_tanh(g))) * to_f32(up[static_cast<int64_t>(t) * up_stride + o]);
+      }
       *dst = from_f32<TO>(y);
     }
   }
 }
 
-// w2 = nullptr: linear or linear_group; else geglu with segs.w[0] = w_gate, w2 = w_up. Fills first_block.
+// w2 = nullptr: linear or linear_group; else geglu with segs.w[0] = w_gate, w2 = w_up. up: the linear_gelu_mul
+// epilogue (or null). Fills first_block.
 template <int T, class TO, int M = 1>
-Status launch_rows(GemvSegs segs, const LinearArgs& a, const void* w2, int sm_count, cudaStream_t stream) {
+Status launch_rows(GemvSegs segs, const LinearArgs& a, const void* w2, int sm_count, cudaStream_t stream,
+                   const void* up = nullptr, int64_t up_stride = 0) {
   const int64_t n_in = a.w.dim(1);
   int64_t n_out = 0;
   for (int i = 0; i < segs.n; ++i) n_out += segs.n_out[i];
@@ -143,7 +151,8 @@ Status launch_rows(GemvSegs segs, const LinearArgs& a, const void* w2, int sm_co
       blocks += (segs.n_out[i] + R - 1) / R;
     }
     launch_kernel(gemv_kernel<T, R, TO, M>, static_cast<unsigned>(blocks), kThreads, 0, stream, segs,
-                  static_cast<const bf16*>(a.x.data), static_cast<const bf16*>(w2), n_in, a.alpha, a.accumulate);
+                  static_cast<const bf16*>(a.x.data), static_cast<const bf16*>(w2), n_in, a.alpha, a.accumulate,
+                  static_cast<const TO*>(up), up_stride);
     TANDEM_CUDA_TRY_LAUNCH();
     return ok_status();
   };
@@ -231,6 +240,24 @@ Status launch_geglu_gemv(const GegluArgs& a, int sm_count, cudaStream_t stream) 
   const LinearArgs g{.out = a.out, .x = a.x, .w = a.w_gate};
   return a.x.rows() == 1 ? launch_rows<1, bf16, 2>(one_segment(g), g, a.w_up.data, sm_count, stream)
                          : launch_rows<2, bf16, 2>(one_segment(g), g, a.w_up.data, sm_count, stream);
+}
+
+bool linear_gelu_mul_gemv_eligible(const LinearGeluMulArgs& a) {
+  const LinearArgs g{.out = a.out, .x = a.x, .w = a.w};
+  return a.x.rows() <= kMaxGegluTokens && gemv_eligible(g) && a.out.dtype == a.up.dtype && a.out.is_contiguous() &&
+         a.up.ndim == 2 && a.up.shape[0] == a.x.rows() && a.up.shape[1] == a.w.dim(0) && a.up.stride[1] == 1 &&
+         a.up.stride[0] >= a.up.shape[1] && a.up.data != a.out.data;
+}
+
+Status launch_linear_gelu_mul_gemv(const LinearGeluMulArgs& a, int sm_count, cudaStream_t stream) {
+  if (!linear_gelu_mul_gemv_eligible(a)) return internal_error("cuda linear_gelu_mul gemv: arguments it does not take");
+  const LinearArgs g{.out = a.out, .x = a.x, .w = a.w};
+  const int64_t stride = a.up.stride[0];
+  if (a.out.dtype == DType::kBF16)
+    return a.x.rows() == 1 ? launch_rows<1, bf16>(one_segment(g), g, nullptr, sm_count, stream, a.up.data, stride)
+                           : launch_rows<2, bf16>(one_segment(g), g, nullptr, sm_count, stream, a.up.data, stride);
+  return a.x.rows() == 1 ? launch_rows<1, float>(one_segment(g), g, nullptr, sm_count, stream, a.up.data, stride)
+                         : launch_rows<2, float>(one_segment(g), g, nullptr, sm_count, stream, a.up.data, stride);
 }
 
 }  // namespace tandem::cuda

@@ -78,6 +78,10 @@ Status launch_gemv_group(const LinearGroupArgs& a, int sm_count, cudaStream_t st
 // The geglu op in one pass over w_gate and w_up (1-2 rows; bf16 x, weights and out).
 bool geglu_gemv_eligible(const GegluArgs& a);
 Status launch_geglu_gemv(const GegluArgs& a, int sm_count, cudaStream_t stream);
+// linear_gelu_mul in one GEMV pass, gelu_mul in the epilogue (1-2 rows; bf16 x and weights, out and up of one
+// dtype, up's rows contiguous within a row).
+bool linear_gelu_mul_gemv_eligible(const LinearGeluMulArgs& a);
+Status launch_linear_gelu_mul_gemv(const LinearGeluMulArgs& a, int sm_count, cudaStream_t stream);
 
 // gemm.cu: the plain kernel behind linear() for what cuBLASLt cannot take (odd sizes, f32 operands);
 // the cuBLASLt path lives in class Gemm (gemm.h).
