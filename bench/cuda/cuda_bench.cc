@@ -1,8 +1,8 @@
 // CUDA op lab (design.md §2, llm.c style): measures the device-to-device copy bandwidth as the floor, then times
 // linear() at Gemma 4 31B's MLP shape [T, 5376] x [21504, 5376]^T bf16 (decode GEMV and verify/prefill sizes) and
 // rms_norm, its fused epilogues at decode size, then attention (31B and E2B full/sliding decode and verify, long and
-// short contexts) and MoE (26B-A4B routing + experts), printing achieved GB/s (TFLOP/s for the large GEMM) and the
-// ratio to the floor measured in this run.
+// short contexts), MoE (26B-A4B routing + experts) and sampling (argmax, sample, reject_drafts), printing achieved
+// GB/s (TFLOP/s for the large GEMM) and the ratio to the floor measured in this run.
 // Usage: cuda_bench [--quick | --attention] (--attention: the copy floor and the attention shapes only). Exits 0
 // with a message when there is no GPU, 1 on any device error.
 #include <cuda_runtime_api.h>
@@ -163,6 +163,58 @@ bool bench_moe(CudaBackend& be, int iters, double copy_gbs) {
   return be.synchronize().ok();
 }
 
+// The sampling ops over Gemma 4's vocabulary (262144) of bf16 logits, for 1 row (a plain decode step) and 9 rows
+// (a K = 8 verify pass): argmax (greedy, one read of the row: the reference cost), sample with temperature only,
+// with top-k + top-p, and with the processed distributions written out (sampled drafts); then reject_drafts over 8
+// rows of f32 distributions. The floor ratio is against one read of the logits at the copy bandwidth.
+bool bench_sampling(CudaBackend& be, int iters, double copy_gbs) {
+  const int64_t V = 262144, max_rows = 9;
+  Buffer logits = be.alloc(static_cast<size_t>(max_rows * V) * 2).value();
+  Buffer probs = be.alloc(static_cast<size_t>(max_rows * V) * 4).value(),
+         q = be.alloc(static_cast<size_t>(max_rows * V) * 4).value();
+  Buffer ids = be.alloc(max_rows * 4).value(), verdicts = be.alloc(2 * max_rows * 4).value();
+  if (!fill_bf16(be, logits, static_cast<size_t>(max_rows * V))) return false;
+  for (int64_t rows : {int64_t{1}, max_rows}) {
+    const Tensor x = logits.view(DType::kBF16, {rows, V}), out = ids.view(DType::kI32, {rows});
+    const double bytes = 2.0 * static_cast<double>(rows * V);
+    char label[96];
+    std::snprintf(label, sizeof label, "argmax %lld x 262144 bf16", static_cast<long long>(rows));
+    report(label, time_ms(be, 3, iters, [&] { be.argmax({.out = out, .x = x}); }), bytes, copy_gbs);
+    const SampleArgs plain{.out = out, .x = x, .temperature = 1.f, .seed = 1};
+    std::snprintf(label, sizeof label, "sample %lld x 262144 bf16, T only", static_cast<long long>(rows));
+    report(label, time_ms(be, 3, iters, [&] { be.sample(plain); }), bytes, copy_gbs);
+    SampleArgs cut = plain;
+    cut.temperature = 0.7f, cut.top_k = 64, cut.top_p = 0.95f;
+    std::snprintf(label, sizeof label, "sample %lld x 262144 bf16, top-k 64 top-p .95", static_cast<long long>(rows));
+    report(label, time_ms(be, 3, iters, [&] { be.sample(cut); }), bytes, copy_gbs);
+    SampleArgs nucleus = plain;
+    nucleus.top_p = 0.9f, nucleus.probs = probs.view(DType::kF32, {rows, V});
+    std::snprintf(label, sizeof label, "sample %lld x 262144 bf16, top-p .9 + probs", static_cast<long long>(rows));
+    report(label, time_ms(be, 3, iters, [&] { be.sample(nucleus); }), bytes, copy_gbs);
+  }
+  // reject_drafts over 8 rows: p and q from two samplings of different rows, the drafts drawn from q.
+  const int64_t k = max_rows - 1;
+  be.sample({.out = ids.view(DType::kI32, {k}),
+             .x = logits.view(DType::kBF16, {k, V}),
+             .probs = q.view(DType::kF32, {k, V}),
+             .temperature = 1.f,
+             .seed = 2});
+  be.sample({.out = verdicts.view(DType::kI32, {k}),
+             .x = logits.view(DType::kBF16, {k, V}, 2 * static_cast<size_t>(V)),
+             .probs = probs.view(DType::kF32, {k, V}),
+             .temperature = 1.f,
+             .seed = 3});
+  const RejectDraftsArgs rej{.accepted = verdicts.view(DType::kI32, {k}),
+                             .token = verdicts.view(DType::kI32, {k}, static_cast<size_t>(k) * 4),
+                             .p = probs.view(DType::kF32, {k, V}),
+                             .q = q.view(DType::kF32, {k, V}),
+                             .draft = ids.view(DType::kI32, {k}),
+                             .seed = 4};
+  report("reject_drafts 8 x 262144 f32", time_ms(be, 3, iters, [&] { be.reject_drafts(rej); }),
+         2.0 * 4.0 * static_cast<double>(k * V), copy_gbs);
+  return be.synchronize().ok();
+}
+
 // rms_norm's fused epilogues (ops.h) at decode size against the separate ops they replace (launch-bound: the
 // microseconds per layer that fusion saves): 31B's post-FFN norm + residual + layer_scalar on one token [1, 5376],
 // and q_norm + RoPE of its full layer [1, 32, 512]. Prints fused vs unfused time per call.
@@ -280,9 +332,11 @@ int run(bool quick, bool attention_only) {
 
   nx.reset();
   ny.reset();
-  if (!bench_fused_norm(be, iters) || !bench_attention(be, iters, copy_gbs) || !bench_moe(be, iters, copy_gbs)) {
+  if (!bench_fused_norm(be, iters) || !bench_attention(be, iters, copy_gbs) || !bench_moe(be, iters, copy_gbs) ||
+      !bench_sampling(be, iters, copy_gbs)) {
     const Status err = be.synchronize();
-    std::printf("cuda_bench: fused norm/attention/moe failed: %s\n", err.ok() ? "setup" : err.to_string().c_str());
+    std::printf("cuda_bench: fused norm/attention/moe/sampling failed: %s\n",
+                err.ok() ? "setup" : err.to_string().c_str());
     return 1;
   }
 

@@ -77,6 +77,11 @@ class Backend : public Allocator {
   virtual void argmax(const ArgmaxArgs& a) = 0;
   virtual void moe_route(const MoeRouteArgs& a) = 0;
   virtual void moe_experts(const MoeExpertsArgs& a) = 0;
+  // Sampling ops. The defaults (host_sampling.cc) copy the rows to the host, run the sample/ reference
+  // (processed_probs, sample_at, verify_draft_at) and copy the results back, synchronizing; the CUDA backend runs
+  // them on the device without a host round trip.
+  virtual void sample(const SampleArgs& a);
+  virtual void reject_drafts(const RejectDraftsArgs& a);
   // Composite op: two products and gelu_mul unless a backend fuses them (CUDA at decode sizes).
   virtual void geglu(const GegluArgs& a) {
     linear({.out = a.out, .x = a.x, .w = a.w_gate});

@@ -18,6 +18,10 @@ const char* op_name(Op op) {
     case Op::kArgmax: return "argmax";
     case Op::kMoeRoute: return "moe_route";
     case Op::kMoeExperts: return "moe_experts";
+    case Op::kSample:
+      return "sample";
+    case Op::kRejectDrafts:
+      return "reject_drafts";
     case Op::kCount: break;
   }
   return "?";

@@ -15,8 +15,22 @@
 namespace tandem {
 
 enum class Op : uint8_t {
-  kEmbedding, kLinear, kRmsNorm, kRope, kKvWrite, kAttention, kGeluMul, kAdd, kScale, kSoftcap, kArgmax,
-  kMoeRoute, kMoeExperts, kCount
+  kEmbedding,
+  kLinear,
+  kRmsNorm,
+  kRope,
+  kKvWrite,
+  kAttention,
+  kGeluMul,
+  kAdd,
+  kScale,
+  kSoftcap,
+  kArgmax,
+  kMoeRoute,
+  kMoeExperts,
+  kSample,
+  kRejectDrafts,
+  kCount
 };
 const char* op_name(Op op);
 
@@ -178,6 +192,31 @@ struct SoftcapArgs {
 // NaN counts as larger than every number (torch semantics): a row containing NaN gives the index of its first NaN.
 struct ArgmaxArgs {
   Tensor out, x;
+};
+
+// Draws one token per row of logits x [rows, n_vocab] (act or f32) from the processed distribution of sampling.h
+// (softmax of x / temperature restricted by top-k, then top-p, then min-p; temperature > 0), by the inverse CDF in
+// id order with the uniform uniform_at(seed, counter + r) for row r (sample/counter_rng.h). out i32 [rows];
+// probs (optional, f32 [rows, n_vocab]) receives the processed distribution. Backends may compute the weights in
+// f32 (the CPU reference works in double): probabilities agree to rounding, and a draw differs only when the
+// uniform lies within rounding of a boundary of the cumulative distribution.
+struct SampleArgs {
+  Tensor out, x, probs;
+  float temperature = 1.f;
+  int top_k = 0;      // 0 = off
+  float top_p = 1.f;  // 1 = off
+  float min_p = 0.f;  // 0 = off
+  uint64_t seed = 0, counter = 0;
+};
+
+// The speculative acceptance rule for drafts drawn from a proposal (rejection.h verify_draft_at), one draft per
+// row: accept draft[r] iff uniform_at(seed, counter + 2r) < min(1, p[r, d] / q[r, d]); otherwise draw the
+// recovered token from normalize(max(0, p[r] - q[r])) (from p[r] when that is all zero) with uniform_at(seed,
+// counter + 2r + 1). p, q f32 [rows, n_vocab] (as SampleArgs' probs); draft, accepted (0/1) and token i32 [rows];
+// token[r] = draft[r] when accepted.
+struct RejectDraftsArgs {
+  Tensor accepted, token, p, q, draft;
+  uint64_t seed = 0, counter = 0;
 };
 
 // MoE routing (spec §1.10) from router logits [n_tokens, n_experts] (f32): softmax over all experts, top-k,

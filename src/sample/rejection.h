@@ -19,5 +19,9 @@ struct Verdict {
 // p: the target's processed distribution at this position; q: the proposal the draft was drawn from (empty =
 // point mass at `draft`).
 Verdict verify_draft(std::span<const float> p, std::span<const float> q, int32_t draft, Rng& rng);
+// The same rule with its two uniforms given: u_accept decides acceptance (accept iff u_accept < min(1, p/q)),
+// u_resample draws the recovered token (sample_at) on rejection.
+Verdict verify_draft_at(std::span<const float> p, std::span<const float> q, int32_t draft, double u_accept,
+                        double u_resample);
 
 }  // namespace tandem

@@ -108,6 +108,7 @@ void processed_probs(std::span<const float> logits, const SamplingParams& params
         break;
       }
     }
+    while (cut < p.size() && p[cut] == p[cut - 1]) ++cut;  // ties with the last kept token stay, as in top-k
   }
   if (params.min_p > 0.f) {
     const double floor = static_cast<double>(params.min_p) * p[0];
@@ -120,10 +121,12 @@ void processed_probs(std::span<const float> logits, const SamplingParams& params
   for (size_t i = 0; i < cut; ++i) (*probs)[static_cast<size_t>(idx[i])] = static_cast<float>(p[i] / kept);
 }
 
-int32_t sample(std::span<const float> probs, Rng& rng) {
+int32_t sample(std::span<const float> probs, Rng& rng) { return sample_at(probs, rng.uniform()); }
+
+int32_t sample_at(std::span<const float> probs, double u) {
   double total = 0.0;
   for (float v : probs) total += v;
-  double r = rng.uniform() * total;
+  double r = u * total;
   int32_t last = 0;
   for (size_t i = 0; i < probs.size(); ++i) {
     if (probs[i] <= 0.f) continue;

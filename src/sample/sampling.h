@@ -37,11 +37,15 @@ class Rng {
 int32_t argmax(std::span<const float> logits);
 
 // The processed distribution the target samples from: softmax(logits / T) restricted by top-k, then top-p
-// (smallest set with cumulative probability >= top_p, always keeping the most likely token), then min-p
+// (smallest set with cumulative probability >= top_p, always keeping the most likely token, plus every token tied
+// with the last one kept), then min-p
 // (drop tokens below min_p * max prob), renormalised. `probs` gets one entry per vocabulary id.
 void processed_probs(std::span<const float> logits, const SamplingParams& params, std::vector<float>* probs);
 
-// Draws an index from a normalised distribution (entries sum to ~1).
+// Draws an index from a normalised distribution (entries sum to ~1) by the inverse CDF in id order: the first id
+// whose cumulative mass exceeds u * total (u in [0, 1)); ids without mass are never drawn.
+int32_t sample_at(std::span<const float> probs, double u);
+// sample_at with u = rng.uniform().
 int32_t sample(std::span<const float> probs, Rng& rng);
 
 }  // namespace tandem

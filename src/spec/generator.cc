@@ -5,25 +5,12 @@
 #include <chrono>
 
 #include "core/strings.h"
-#include "sample/rejection.h"
 
 namespace tandem {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-// Rows [r0, r1) of a device tensor [rows, n] as host floats.
-Status rows_to_host(Backend& be, const Tensor& t, int64_t r0, int64_t r1, std::vector<float>* out) {
-  const int64_t n = t.shape[1];
-  const size_t bytes = static_cast<size_t>((r1 - r0) * n) * dtype_size(t.dtype);
-  std::vector<uint8_t> raw(bytes);
-  TANDEM_TRY(be.copy(raw.data(), t.slice(r0, r1).data, bytes, CopyKind::kDeviceToHost));
-  TANDEM_TRY(be.synchronize());
-  out->resize(static_cast<size_t>((r1 - r0) * n));
-  for (size_t i = 0; i < out->size(); ++i) (*out)[i] = load_as_f32(raw.data(), t.dtype, static_cast<int64_t>(i));
-  return ok_status();
-}
 
 }  // namespace
 
@@ -70,42 +57,64 @@ Result<GenerationResult> Generator::generate(std::span<const int32_t> prompt, co
                                static_cast<long long>(context)));
   TANDEM_ASSIGN_OR_RETURN(KvCache cache, target_.new_cache({.max_positions = context,
                                                              .max_tokens_per_forward = std::max(256, max_k + 1)}));
-  std::unique_ptr<DraftPolicy> policy =
-      opts.draft_mode == DraftMode::kAuto        ? make_cost_model_policy(max_k)
-      : opts.draft_mode == DraftMode::kHeuristic ? make_heuristic_policy(opts.draft_tokens, max_k)
-                                                 : make_fixed_policy(max_k);
-  Rng target_rng(opts.sampling.seed), draft_rng(opts.sampling.seed ^ 0x5eed5eed5eedull);
+  std::unique_ptr<DraftPolicy> policy = opts.draft_mode == DraftMode::kAuto ? make_cost_model_policy(max_k)
+                                        : opts.draft_mode == DraftMode::kHeuristic
+                                            ? make_heuristic_policy(opts.draft_tokens, max_k)
+                                            : make_fixed_policy(max_k);
   GenerationResult res;
   GenerationStats& st = res.stats;
   st.prompt_tokens = L;
   st.proposed_at.assign(static_cast<size_t>(max_k), 0);
   st.accepted_at.assign(static_cast<size_t>(max_k), 0);
   const auto t_start = Clock::now();
-  std::vector<float> rows, probs;
-  std::vector<std::vector<float>> q_probs;
   bool done = opts.max_new_tokens == 0;
-  // Greedy: the argmax of every logits row is taken on the device; only the token ids come back.
-  TANDEM_ASSIGN_OR_RETURN(Buffer amax_dev, be.alloc(static_cast<size_t>(max_k + 1) * sizeof(int32_t)));
-  std::vector<int32_t> amax(static_cast<size_t>(max_k + 1));
-  auto device_argmax = [&](const ForwardOutputs& out, int64_t n_rows) -> Status {
-    be.argmax({.out = amax_dev.view(DType::kI32, {n_rows}), .x = out.logits.slice(0, n_rows)});
-    TANDEM_TRY(be.copy(amax.data(), amax_dev.data(), static_cast<size_t>(n_rows) * sizeof(int32_t),
-                       CopyKind::kDeviceToHost));
-    return be.synchronize();
+  // Token choice stays on the device: the argmax (greedy) or a draw from the processed distribution (sampling) of
+  // each logits row, and with sampled drafts the rejection rule too; only token ids and verdicts come back.
+  const bool greedy = opts.sampling.greedy();
+  const bool sampled_drafts = opts.sample_drafts && !greedy && max_k > 0;
+  const int64_t V = target_.text().n_vocab;
+  const uint64_t target_seed = opts.sampling.seed, draft_seed = opts.sampling.seed ^ 0x5eed5eed5eedull;
+  uint64_t target_counter = 0, draft_counter = 0;  // uniforms used so far (uniform_at(seed, counter))
+  TANDEM_ASSIGN_OR_RETURN(Buffer ids_dev, be.alloc(static_cast<size_t>(max_k + 1) * sizeof(int32_t)));
+  Buffer drafts_dev, verdicts_dev, p_dev, q_dev;  // sampled drafts only
+  if (sampled_drafts) {
+    const size_t k = static_cast<size_t>(max_k);
+    TANDEM_ASSIGN_OR_RETURN(drafts_dev, be.alloc(k * sizeof(int32_t)));
+    TANDEM_ASSIGN_OR_RETURN(verdicts_dev, be.alloc(2 * k * sizeof(int32_t)));
+    TANDEM_ASSIGN_OR_RETURN(p_dev, be.alloc((k + 1) * static_cast<size_t>(V) * sizeof(float)));
+    TANDEM_ASSIGN_OR_RETURN(q_dev, be.alloc(k * static_cast<size_t>(V) * sizeof(float)));
+  }
+  std::vector<int32_t> ids(static_cast<size_t>(max_k + 1)), verdicts(static_cast<size_t>(2 * max_k));
+  auto to_host = [&](std::span<int32_t> dst, const Buffer& src, size_t offset = 0) {
+    return be.copy(dst.data(), static_cast<const uint8_t*>(src.data()) + offset, dst.size_bytes(),
+                   CopyKind::kDeviceToHost);
   };
-
-  // Picks the target's token from logits row r of `out` (argmax or a draw from the processed distribution).
-  auto select = [&](const ForwardOutputs& out, int64_t r, int32_t* tok) -> Status {
-    if (opts.sampling.greedy()) {
-      TANDEM_TRY(device_argmax(out, r + 1));
-      *tok = amax[static_cast<size_t>(r)];
+  const SamplingParams& sp = opts.sampling;
+  auto draw = [&](const Tensor& out, const Tensor& logits, const Tensor& probs, uint64_t seed, uint64_t* counter) {
+    be.sample({.out = out,
+               .x = logits,
+               .probs = probs,
+               .temperature = sp.temperature,
+               .top_k = sp.top_k,
+               .top_p = sp.top_p,
+               .min_p = sp.min_p,
+               .seed = seed,
+               .counter = *counter});
+    *counter += static_cast<uint64_t>(logits.rows());
+  };
+  // Enqueues the target's tokens for the first n_rows logits rows of `out` into ids_dev (argmax, or draws with
+  // their distributions kept in p_dev when keep_probs); fetch_ids() copies them to ids[0, n_rows).
+  auto choose = [&](const ForwardOutputs& out, int64_t n_rows, bool keep_probs) {
+    const Tensor dst = ids_dev.view(DType::kI32, {n_rows});
+    const Tensor logits = out.logits.slice(0, n_rows);
+    if (greedy) {
+      be.argmax({.out = dst, .x = logits});
     } else {
-      TANDEM_TRY(rows_to_host(be, out.logits, r, r + 1, &rows));
-      processed_probs(rows, opts.sampling, &probs);
-      *tok = sample(probs, target_rng);
+      draw(dst, logits, keep_probs ? p_dev.view(DType::kF32, {n_rows, V}) : Tensor(), target_seed, &target_counter);
     }
-    return ok_status();
   };
+  auto fetch_ids = [&](int64_t n_rows) { return to_host(std::span(ids).first(static_cast<size_t>(n_rows)), ids_dev); };
+
   // Commits emitted tokens, honouring stop ids and the budget. Returns true when generation is over.
   auto emit = [&](std::span<const int32_t> toks) {
     size_t n = 0;
@@ -132,7 +141,10 @@ Result<GenerationResult> Generator::generate(std::span<const int32_t> prompt, co
   TANDEM_TRY(target_.forward(std::span(&in, 1), &out));
   int32_t b = 0;
   if (!done) {
-    TANDEM_TRY(select(out, 0, &b));
+    choose(out, 1, false);
+    TANDEM_TRY(fetch_ids(1));
+    TANDEM_TRY(be.synchronize());
+    b = ids[0];
     done = emit(std::span(&b, 1));
   }
   Tensor g = out.hidden.slice(0, 1);
@@ -147,21 +159,23 @@ Result<GenerationResult> Generator::generate(std::span<const int32_t> prompt, co
     // Draft K tokens at the constant query position P over the target K/V [0, P).
     block.assign(1, b);
     const auto t_draft = Clock::now();
-    q_probs.resize(static_cast<size_t>(k));
     int32_t t = b;
     for (int i = 0; i < k; ++i) {
       DraftStepResult ds;
-      const bool sampled = opts.sample_drafts && !opts.sampling.greedy();
-      TANDEM_TRY(drafter_->step({.cache = &cache, .kv_end = P, .q_pos = P, .token = t, .g_in = i == 0 ? &g : nullptr,
-                                 .full_logits = sampled},
+      TANDEM_TRY(drafter_->step({.cache = &cache,
+                                 .kv_end = P,
+                                 .q_pos = P,
+                                 .token = t,
+                                 .g_in = i == 0 ? &g : nullptr,
+                                 .full_logits = sampled_drafts},
                                 &ds));
       t = ds.argmax;
-      if (sampled) {
-        TANDEM_TRY(rows_to_host(be, ds.logits, 0, 1, &rows));
-        processed_probs(rows, opts.sampling, &q_probs[static_cast<size_t>(i)]);
-        t = sample(q_probs[static_cast<size_t>(i)], draft_rng);
-      } else {
-        q_probs[static_cast<size_t>(i)].clear();  // point mass at the argmax
+      if (sampled_drafts) {  // drawn from the drafter's processed distribution q, kept on the device
+        const Tensor d = drafts_dev.view(DType::kI32, {1}, static_cast<size_t>(i) * sizeof(int32_t));
+        draw(d, ds.logits, q_dev.view(DType::kF32, {1, V}, static_cast<size_t>(i * V) * sizeof(float)), draft_seed,
+             &draft_counter);
+        TANDEM_TRY(to_host(std::span(&t, 1), drafts_dev, static_cast<size_t>(i) * sizeof(int32_t)));
+        TANDEM_TRY(be.synchronize());
       }
       block.push_back(t);
     }
@@ -171,27 +185,35 @@ Result<GenerationResult> Generator::generate(std::span<const int32_t> prompt, co
     in = {.cache = &cache, .tokens = block, .n_outputs = k + 1};
     TANDEM_TRY(target_.forward(std::span(&in, 1), &out));
     ++st.target_passes;
+    // Greedy or argmax drafts: draft n+1 stands iff the target's own token at row n equals it (for a point-mass
+    // proposal, "draw s ~ p, accept iff s == d" is the rejection rule, and s is the recovered token). Sampled
+    // drafts: the rejection rule on the device, the bonus token from row k.
+    choose(out, k + 1, sampled_drafts);
     int n = 0;
     int32_t next = 0;
-    if (opts.sampling.greedy()) {
-      TANDEM_TRY(device_argmax(out, k + 1));
-      for (; n <= k; ++n) {
-        next = amax[static_cast<size_t>(n)];
-        if (n == k || next != block[static_cast<size_t>(n) + 1]) break;
-      }
+    if (sampled_drafts && k > 0) {
+      const auto i32 = [](const Buffer& b, int64_t count, int64_t at = 0) {
+        return b.view(DType::kI32, {count}, static_cast<size_t>(at) * sizeof(int32_t));
+      };
+      be.reject_drafts({.accepted = i32(verdicts_dev, k),
+                        .token = i32(verdicts_dev, k, k),
+                        .p = p_dev.view(DType::kF32, {k, V}),
+                        .q = q_dev.view(DType::kF32, {k, V}),
+                        .draft = i32(drafts_dev, k),
+                        .seed = target_seed,
+                        .counter = target_counter});
+      target_counter += 2 * static_cast<uint64_t>(k);
+      TANDEM_TRY(to_host(std::span(verdicts).first(static_cast<size_t>(2 * k)), verdicts_dev));
+      TANDEM_TRY(fetch_ids(k + 1));
+      TANDEM_TRY(be.synchronize());
+      while (n < k && verdicts[static_cast<size_t>(n)] == 1) ++n;
+      next = n < k ? verdicts[static_cast<size_t>(k + n)] : ids[static_cast<size_t>(k)];
     } else {
+      TANDEM_TRY(fetch_ids(k + 1));
+      TANDEM_TRY(be.synchronize());
       for (; n <= k; ++n) {
-        TANDEM_TRY(rows_to_host(be, out.logits, n, n + 1, &rows));
-        processed_probs(rows, opts.sampling, &probs);
-        if (n == k) {  // every draft accepted: the bonus comes from the last row
-          next = sample(probs, target_rng);
-          break;
-        }
-        Verdict v = verify_draft(probs, q_probs[static_cast<size_t>(n)], block[static_cast<size_t>(n) + 1], target_rng);
-        if (!v.accepted) {
-          next = v.token;
-          break;
-        }
+        next = ids[static_cast<size_t>(n)];
+        if (n == k || next != block[static_cast<size_t>(n) + 1]) break;
       }
     }
     const double verify_s = since(t_verify);

@@ -1,15 +1,18 @@
 // CPU backend vs the reference kernels (kernels/ref) for every op of ops.h, on random data of odd sizes, every
 // weight dtype and every instruction set this CPU supports (avx512, avx2, scalar). Outputs are poisoned with NaN
 // before each op, so an element the backend forgot to write shows up as a mismatch.
+#include "backend/cpu/cpu_backend.h"
+
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "backend/cpu/cpu_backend.h"
 #include "kernels/host_tensor.h"
 #include "kernels/ref/ref.h"
+#include "sample/counter_rng.h"
+#include "sample/rejection.h"
 
 namespace tandem {
 namespace {
@@ -322,6 +325,54 @@ TEST(CpuBackend, Argmax) {
         EXPECT_EQ(got.values(), want.values());
       }
     }
+  }
+}
+
+TEST(CpuBackend, SampleAndRejectDraftsRunTheReferencePerRow) {
+  // The default sampling ops (host_sampling.cc): row r uses uniform_at(seed, counter + r) (reject_drafts: 2r and
+  // 2r + 1), its own logits and the shared parameters; the results are the sample/ reference's exactly.
+  auto be = make_cpu_backend(2);
+  const int64_t rows = 5, n = 300;
+  std::mt19937 rng(17);
+  HostTensor x(kF32, {rows, n}), out(kI32, {rows}), probs(kF32, {rows, n});
+  x.fill_uniform(rng, -4, 4);
+  out.poison();
+  probs.poison();
+  const SamplingParams sp{.temperature = 0.9f, .top_k = 50, .top_p = 0.8f, .min_p = 0.01f};
+  be->sample({.out = out,
+              .x = x,
+              .probs = probs,
+              .temperature = sp.temperature,
+              .top_k = sp.top_k,
+              .top_p = sp.top_p,
+              .min_p = sp.min_p,
+              .seed = 5,
+              .counter = 40});
+  const std::vector<float> xs = x.values(), ps = probs.values();
+  HostTensor draft(kI32, {rows}), accepted(kI32, {rows}), token(kI32, {rows}), q(kF32, {rows, n});
+  std::vector<std::vector<float>> want_p(static_cast<size_t>(rows)), want_q(want_p.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const size_t at = static_cast<size_t>(r * n);
+    auto& p = want_p[static_cast<size_t>(r)];
+    processed_probs(std::span(xs).subspan(at, static_cast<size_t>(n)), sp, &p);
+    EXPECT_EQ(std::vector<float>(ps.begin() + static_cast<long>(at), ps.begin() + static_cast<long>(at) + n), p);
+    EXPECT_EQ(out.geti(r), sample_at(p, uniform_at(5, 40 + static_cast<uint64_t>(r)))) << "row " << r;
+    // q: the same row at a higher temperature; the draft drawn from it.
+    auto& qr = want_q[static_cast<size_t>(r)];
+    processed_probs(std::span(xs).subspan(at, static_cast<size_t>(n)), {.temperature = 1.5f}, &qr);
+    for (int64_t i = 0; i < n; ++i) q.set(r * n + i, qr[static_cast<size_t>(i)]);
+    draft.seti(r, sample_at(qr, uniform_at(6, static_cast<uint64_t>(r))));
+  }
+  accepted.poison();
+  token.poison();
+  be->reject_drafts(
+      {.accepted = accepted, .token = token, .p = probs, .q = q, .draft = draft, .seed = 8, .counter = 3});
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint64_t c = 3 + 2 * static_cast<uint64_t>(r);
+    const Verdict v = verify_draft_at(want_p[static_cast<size_t>(r)], want_q[static_cast<size_t>(r)], draft.geti(r),
+                                      uniform_at(8, c), uniform_at(8, c + 1));
+    EXPECT_EQ(accepted.geti(r), v.accepted ? 1 : 0) << "row " << r;
+    EXPECT_EQ(token.geti(r), v.token) << "row " << r;
   }
 }
 

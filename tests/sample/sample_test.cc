@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 
+#include "sample/counter_rng.h"
 #include "sample/rejection.h"
 #include "spec/draft_policy.h"
 
@@ -66,6 +67,48 @@ TEST(Sampling, SeededDrawsAreReproducibleAndFollowTheDistribution) {
   }
   EXPECT_EQ(counts[1], 0);
   for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(counts[i] / 40000.0, p[i], 0.01);
+}
+
+TEST(Sampling, TopPKeepsTokensTiedWithTheLastOneKept) {
+  // Sorted: 2.0 (p 0.447), then three tokens tied at 1.0 (0.164 each): top-p 0.5 is reached by the first tie, and
+  // the other two stay with it; the 0.0 token goes.
+  std::vector<float> l = {1.f, 2.f, 1.f, 0.f, 1.f};
+  std::vector<float> p;
+  processed_probs(l, {.temperature = 1.f, .top_p = 0.5f}, &p);
+  EXPECT_GT(p[0], 0.f);
+  EXPECT_GT(p[2], 0.f);
+  EXPECT_GT(p[4], 0.f);
+  EXPECT_EQ(p[3], 0.f);
+  EXPECT_NEAR(p[0] + p[1] + p[2] + p[4], 1.0, 1e-6);
+}
+
+TEST(Sampling, CounterUniformsAreReproducibleUniformAndUnrelatedAcrossSeeds) {
+  const int n = 100000;
+  std::vector<int> bins(20);
+  double mean = 0;
+  int same_as_next_seed = 0;
+  for (int i = 0; i < n; ++i) {
+    const double u = uniform_at(7, static_cast<uint64_t>(i));
+    ASSERT_GE(u, 0.0);
+    ASSERT_LT(u, 1.0);
+    EXPECT_EQ(u, uniform_at(7, static_cast<uint64_t>(i)));
+    ++bins[static_cast<size_t>(u * 20)];
+    mean += u / n;
+    if (static_cast<int>(u * 20) == static_cast<int>(uniform_at(8, static_cast<uint64_t>(i)) * 20)) ++same_as_next_seed;
+  }
+  double chi2 = 0;
+  for (int c : bins) chi2 += (c - n / 20.0) * (c - n / 20.0) / (n / 20.0);
+  EXPECT_LT(chi2, 50.0) << "19 degrees of freedom";
+  EXPECT_NEAR(mean, 0.5, 0.005);
+  EXPECT_NEAR(same_as_next_seed / static_cast<double>(n), 0.05, 0.005) << "seeds 7 and 8 give correlated streams";
+  // sample_at is the inverse CDF in id order.
+  const std::vector<float> probs = {0.25f, 0.f, 0.5f, 0.25f};
+  EXPECT_EQ(sample_at(probs, 0.0), 0);
+  EXPECT_EQ(sample_at(probs, 0.2499), 0);
+  EXPECT_EQ(sample_at(probs, 0.25), 2);
+  EXPECT_EQ(sample_at(probs, 0.7499), 2);
+  EXPECT_EQ(sample_at(probs, 0.75), 3);
+  EXPECT_EQ(sample_at(probs, 0.9999), 3);
 }
 
 TEST(Rejection, PointMassAcceptsWithProbabilityPAndResamplesWithoutTheDraft) {

@@ -170,6 +170,8 @@ bool CudaBackend::supports(Op op, DType weight_dtype) const {
     case Op::kScale:
     case Op::kSoftcap:
     case Op::kArgmax:
+    case Op::kSample:
+    case Op::kRejectDrafts:
     case Op::kAttention:
     case Op::kMoeRoute:
     case Op::kMoeExperts: return f32_or_bf16;
@@ -512,6 +514,47 @@ void CudaBackend::argmax(const ArgmaxArgs& a) {
   const int pt = prof_.begin(cuda_stream(current_));
   record(launch_argmax(a, cuda_stream(current_)));
   if (pt >= 0) prof_.end(pt, cuda_stream(current_), "argmax");
+}
+
+void CudaBackend::sample(const SampleArgs& a) {
+  expect_gpu(a.out, index_, "sample", "out");
+  expect_gpu(a.x, index_, "sample", "x");
+  expect_i32(a.out, "sample", "out");
+  const int64_t rows = a.x.rows(), n = a.x.dim(-1);
+  TANDEM_CHECK_MSG(a.x.ndim >= 1 && n > 0 && a.out.numel() == rows && a.temperature > 0.f && a.top_k >= 0 &&
+                       a.top_p > 0.f && a.top_p <= 1.f && a.min_p >= 0.f && a.min_p <= 1.f,
+                   "cuda sample: out %s, x %s, temperature %g, top_k %d, top_p %g, min_p %g", a.out.describe().c_str(),
+                   a.x.describe().c_str(), static_cast<double>(a.temperature), a.top_k, static_cast<double>(a.top_p),
+                   static_cast<double>(a.min_p));
+  if (!a.probs.empty()) {
+    expect_gpu(a.probs, index_, "sample", "probs");
+    TANDEM_CHECK_MSG(a.probs.dtype == DType::kF32 && a.probs.rows() == rows && a.probs.dim(-1) == n,
+                     "cuda sample: probs %s for x %s", a.probs.describe().c_str(), a.x.describe().c_str());
+  }
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_sample(a, cuda_stream(current_)));
+  if (pt >= 0) prof_.end(pt, cuda_stream(current_), "sample");
+}
+
+void CudaBackend::reject_drafts(const RejectDraftsArgs& a) {
+  const int64_t rows = a.p.rows(), n = a.p.dim(-1);
+  for (const auto& [t, what] : {std::pair{&a.p, "p"}, std::pair{&a.q, "q"}}) {
+    expect_gpu(*t, index_, "reject_drafts", what);
+    TANDEM_CHECK_MSG(t->dtype == DType::kF32 && t->rows() == rows && t->dim(-1) == n, "cuda reject_drafts: %s %s", what,
+                     t->describe().c_str());
+  }
+  for (const auto& [t, what] :
+       {std::pair{&a.draft, "draft"}, std::pair{&a.accepted, "accepted"}, std::pair{&a.token, "token"}}) {
+    expect_gpu(*t, index_, "reject_drafts", what);
+    expect_i32(*t, "reject_drafts", what);
+    TANDEM_CHECK_MSG(t->numel() == rows, "cuda reject_drafts: %s %s for %lld rows", what, t->describe().c_str(),
+                     static_cast<long long>(rows));
+  }
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_reject_drafts(a, cuda_stream(current_)));
+  if (pt >= 0) prof_.end(pt, cuda_stream(current_), "reject_drafts");
 }
 
 Scratch CudaBackend::scratch() const {

@@ -47,6 +47,9 @@ Status launch_gelu_mul(const GeluMulArgs& a, cudaStream_t stream);
 
 // sampling.cu
 Status launch_argmax(const ArgmaxArgs& a, cudaStream_t stream);
+// sampler.cu
+Status launch_sample(const SampleArgs& a, cudaStream_t stream);
+Status launch_reject_drafts(const RejectDraftsArgs& a, cudaStream_t stream);
 
 // kv.cu
 Status launch_kv_write(const KvWriteArgs& a, cudaStream_t stream);
