@@ -18,10 +18,8 @@ const char* op_name(Op op) {
     case Op::kArgmax: return "argmax";
     case Op::kMoeRoute: return "moe_route";
     case Op::kMoeExperts: return "moe_experts";
-    case Op::kSample:
-      return "sample";
-    case Op::kRejectDrafts:
-      return "reject_drafts";
+    case Op::kSample: return "sample";
+    case Op::kRejectDrafts: return "reject_drafts";
     case Op::kCount: break;
   }
   return "?";

@@ -15,22 +15,8 @@
 namespace tandem {
 
 enum class Op : uint8_t {
-  kEmbedding,
-  kLinear,
-  kRmsNorm,
-  kRope,
-  kKvWrite,
-  kAttention,
-  kGeluMul,
-  kAdd,
-  kScale,
-  kSoftcap,
-  kArgmax,
-  kMoeRoute,
-  kMoeExperts,
-  kSample,
-  kRejectDrafts,
-  kCount
+  kEmbedding, kLinear, kRmsNorm, kRope, kKvWrite, kAttention, kGeluMul, kAdd, kScale, kSoftcap, kArgmax,
+  kMoeRoute, kMoeExperts, kSample, kRejectDrafts, kCount
 };
 const char* op_name(Op op);
 
