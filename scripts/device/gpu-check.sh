@@ -67,8 +67,8 @@ if step configure configure.log cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD
     # Many test processes run at once: keep OpenMP from oversubscribing the cores.
     OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} step ctest ctest.log \
       ctest --test-dir "$build" -j "$jobs" --output-on-failure --timeout 240 --output-junit "$out/ctest-junit.xml"
-    n_cuda_skipped=$(grep -E "Test +#[0-9]+: +(Fixtures/)?(CudaMemory|CudaOps|CudaLinear|CudaModel|CudaModelDemo)\." "$out/ctest.log" | grep -c "Skipped" || true)
-    n_cuda=$(grep -cE "Test +#[0-9]+: +(Fixtures/)?(CudaMemory|CudaOps|CudaLinear|CudaModel|CudaModelDemo)\." "$out/ctest.log" || true)
+    n_cuda_skipped=$(grep -E "Test +#[0-9]+: +(Fixtures/)?(CudaMemory|CudaOps|CudaLinear|CudaSampling|CudaModel|CudaModelDemo)\." "$out/ctest.log" | grep -c "Skipped" || true)
+    n_cuda=$(grep -cE "Test +#[0-9]+: +(Fixtures/)?(CudaMemory|CudaOps|CudaLinear|CudaSampling|CudaModel|CudaModelDemo)\." "$out/ctest.log" || true)
     if [ "${n_cuda:-0}" -eq 0 ]; then
       note "cuda tests: NONE RAN (cuda_test not built or not discovered)"
       failed=1

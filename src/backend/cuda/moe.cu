@@ -66,10 +66,10 @@ __global__ void moe_route_kernel(int32_t* idx, float* weights, const TL* logits,
   for (int e = lane; e < n_exp; e += kWarp) total += expf(to_f32(lr[e]) - mx);
   total = warp_sum(total);
 
-  float prev_v = 0.f, sel_sum = 0.f;
-  int prev_i = -1, picked = 0;
-  int32_t* ir = idx + t * k;
-  float* wr = weights + t * k;
+  // Pick j is kept in lane j's registers (k <= 32), so the epilogue below reads every per-expert scale at once
+  // instead of one dependent global round trip after another.
+  float prev_v = 0.f, sel_sum = 0.f, my_prob = 0.f;
+  int prev_i = -1, picked = 0, my_i = -1;
   for (int j = 0; j < k; ++j) {
     float best_v = 0.f;
     int best_i = -1;
@@ -92,22 +92,23 @@ __global__ void moe_route_kernel(int32_t* idx, float* weights, const TL* logits,
     if (best_i < 0) break;  // only NaN logits leave nothing to pick; the rows are finished below
     const float prob = expf(best_v - mx) / total;  // softmax over all experts, f32
     sel_sum += prob;
-    if (lane == 0) {
-      ir[j] = best_i;
-      wr[j] = prob;
+    if (lane == j) {
+      my_i = best_i;
+      my_prob = prob;
     }
     prev_v = best_v;
     prev_i = best_i;
     ++picked;
   }
-  if (lane != 0) return;
-  for (int j = 0; j < k; ++j) {
-    if (j >= picked) {  // NaN logits: a valid index with a NaN weight shows the bug downstream
-      ir[j] = 0;
-      wr[j] = __int_as_float(0x7fc00000);
-    } else {
-      wr[j] = wr[j] / sel_sum * load_f32(pes, pes_dtype, ir[j]);  // renormalise, then per-expert scale
-    }
+  if (lane >= k) return;
+  int32_t* ir = idx + t * k;
+  float* wr = weights + t * k;
+  if (lane >= picked) {  // NaN logits: a valid index with a NaN weight shows the bug downstream
+    ir[lane] = 0;
+    wr[lane] = __int_as_float(0x7fc00000);
+  } else {
+    ir[lane] = my_i;
+    wr[lane] = my_prob / sel_sum * load_f32(pes, pes_dtype, my_i);  // renormalise, then per-expert scale
   }
 }
 
@@ -584,6 +585,7 @@ Status launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
     return unsupported(strfmt("cuda moe_route: per_expert_scale dtype %s", dtype_name(pt)));
   if (a.weights.dtype != DType::kF32)
     return unsupported(strfmt("cuda moe_route: weights dtype %s (f32 only)", dtype_name(a.weights.dtype)));
+  if (a.k > kMaxTopK) return unsupported(strfmt("cuda moe_route: k = %d (at most %d)", a.k, kMaxTopK));
   const int64_t n_tok = a.logits.rows(), n_exp = a.logits.dim(-1);
   if (n_tok == 0) return ok_status();
   const auto grid = static_cast<unsigned>((n_tok + kRouteWarps - 1) / kRouteWarps);

@@ -149,7 +149,8 @@ class ClusterRow {
  public:
   __device__ ClusterRow(Exchange* xs) : cl_(cg::this_cluster()), xs_(xs) {}
 
-  // Each block's value, published to the cluster; returns every block's value in rank order (in shared memory).
+  // Each block's value (`mine`: the same in every thread, e.g. a block reduction), published to the cluster; returns
+  // every block's value in rank order (in shared memory).
   __device__ const u64* all_values(u64 mine) {
     __shared__ u64 ranks[kBlocks];
     const int par = parity();
@@ -297,8 +298,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleKernelArgs<T> a)
     e[i] = w;
     local += fixed_weight(w);
   }
-  __syncthreads();
-  const u64 total = cr.sum(local);
+  const u64 total = cr.sum(block_sum_u64(local));  // (block_sum_u64 synchronizes the block after the writes)
 
   // 4. top-p: the lightest weight whose tokens, with every heavier one, hold >= top_p of the mass.
   uint32_t floor_key = 0;  // keep tokens whose weight's bits are >= floor_key (e >= 0: bits are monotone)
@@ -316,8 +316,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleKernelArgs<T> a)
     e[i] = w;
     local += fixed_weight(w);
   }
-  __syncthreads();
-  const u64* per_block = cr.all_values(local);
+  const u64 mine = block_sum_u64(local);
+  const u64* per_block = cr.all_values(mine);
   u64 kept = 0, before = 0;
   for (int r = 0; r < kBlocks; ++r) {
     if (r < rank) before += per_block[r];
@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleKernelArgs<T> a)
   const double u = uniform_at(a.seed, a.counter + static_cast<uint64_t>(row));
   u64 r = static_cast<u64>(u * static_cast<double>(kept));
   if (r >= kept) r = kept - 1;
-  if (r >= before && r < before + local) {  // this block holds the crossing (uniform over the block)
+  if (r >= before && r < before + mine) {  // this block holds the crossing (uniform over the block)
     const int i = block_find(n, r - before, [&](int j) { return fixed_weight(e[j]); });
     if (threadIdx.x == 0) a.out[row] = static_cast<int32_t>(lo + i);
   }
