@@ -69,56 +69,67 @@ void processed_probs(std::span<const float> logits, const SamplingParams& params
     (*probs)[static_cast<size_t>(argmax(logits))] = 1.f;
     return;
   }
-  // Candidates sorted by logit (descending, lower id first on ties); top-k cuts the list.
+  // Candidates: every id, or the top-k (with ties at the k-th value). Order by logit (descending, lower id first on
+  // ties) is needed only for top-p, and only as far as the cut: a partial sort of a prefix when the cut lies in it,
+  // instead of sorting the whole vocabulary per token.
   std::vector<int32_t> idx(n);
   std::iota(idx.begin(), idx.end(), 0);
-  auto by_logit = [&](int32_t a, int32_t b) {
-    float x = logits[static_cast<size_t>(a)], y = logits[static_cast<size_t>(b)];
-    return x > y || (x == y && a < b);
-  };
-  size_t keep = n;
+  auto logit = [&](int32_t i) { return logits[static_cast<size_t>(i)]; };
+  auto by_logit = [&](int32_t a, int32_t b) { return logit(a) > logit(b) || (logit(a) == logit(b) && a < b); };
   if (params.top_k > 0 && static_cast<size_t>(params.top_k) < n) {
-    keep = static_cast<size_t>(params.top_k);
     // Ties at the k-th value stay in, as transformers' TopK warper keeps every logit >= the k-th largest.
-    std::nth_element(idx.begin(), idx.begin() + static_cast<long>(keep - 1), idx.end(), by_logit);
-    const float kth = logits[static_cast<size_t>(idx[keep - 1])];
-    keep = 0;
+    const size_t k = static_cast<size_t>(params.top_k);
+    std::nth_element(idx.begin(), idx.begin() + static_cast<long>(k - 1), idx.end(), by_logit);
+    const float kth = logit(idx[k - 1]);
+    size_t keep = 0;
     for (size_t i = 0; i < n; ++i)
       if (logits[i] >= kth) idx[keep++] = static_cast<int32_t>(i);
+    idx.resize(keep);
   }
-  idx.resize(keep);
-  std::sort(idx.begin(), idx.end(), by_logit);
-  // Softmax of logits / T over the kept candidates, in double.
+  // Softmax of logits / T over the candidates, in double.
   const double inv_t = 1.0 / params.temperature;
-  const double mx = static_cast<double>(logits[static_cast<size_t>(idx[0])]) * inv_t;
-  std::vector<double> p(idx.size());
+  float max_logit = logit(idx[0]);
+  for (int32_t i : idx) max_logit = std::max(max_logit, logit(i));
+  const double mx = static_cast<double>(max_logit) * inv_t;
+  std::vector<double> weight(n);  // by id, for the candidates
   double sum = 0.0;
-  for (size_t i = 0; i < idx.size(); ++i) {
-    p[i] = std::exp(static_cast<double>(logits[static_cast<size_t>(idx[i])]) * inv_t - mx);
-    sum += p[i];
-  }
-  for (double& v : p) v /= sum;
-  size_t cut = p.size();
+  for (int32_t i : idx) sum += weight[static_cast<size_t>(i)] = std::exp(static_cast<double>(logit(i)) * inv_t - mx);
+  auto prob = [&](int32_t i) { return weight[static_cast<size_t>(i)] / sum; };
+  size_t cut = idx.size();
   if (params.top_p < 1.f) {
-    double cum = 0.0;
-    for (size_t i = 0; i < p.size(); ++i) {
-      cum += p[i];
-      if (cum >= static_cast<double>(params.top_p)) {
-        cut = i + 1;
-        break;
+    // The smallest prefix (by logit) with mass >= top_p, plus the tokens tied with its last one (as in top-k).
+    // The first 1,024 hold the cut of a trained model's rows; otherwise one full sort (cheaper than growing prefixes).
+    for (size_t m = std::min<size_t>(idx.size(), 1024);; m = idx.size()) {
+      if (m == idx.size()) {
+        std::sort(idx.begin(), idx.end(), by_logit);
+      } else {
+        std::partial_sort(idx.begin(), idx.begin() + static_cast<long>(m), idx.end(), by_logit);
       }
+      double cum = 0.0;
+      size_t c = 0;
+      while (c < m && cum < static_cast<double>(params.top_p)) cum += prob(idx[c++]);
+      if (cum < static_cast<double>(params.top_p) && m < idx.size()) continue;  // the cut lies beyond the prefix
+      while (c < m && logit(idx[c]) == logit(idx[c - 1])) ++c;
+      if (c == m && m < idx.size()) continue;  // ties may run on past the prefix
+      cut = c;
+      break;
     }
-    while (cut < p.size() && p[cut] == p[cut - 1]) ++cut;  // ties with the last kept token stay, as in top-k
   }
-  if (params.min_p > 0.f) {
-    const double floor = static_cast<double>(params.min_p) * p[0];
-    size_t m = 0;
-    while (m < cut && p[m] >= floor) ++m;
-    cut = std::max<size_t>(m, 1);
-  }
+  // min-p: drop tokens below min_p x the largest probability (the maximum always stays).
+  const double floor = static_cast<double>(params.min_p) / sum;  // the largest probability is exp(0) / sum
   double kept = 0.0;
-  for (size_t i = 0; i < cut; ++i) kept += p[i];
-  for (size_t i = 0; i < cut; ++i) (*probs)[static_cast<size_t>(idx[i])] = static_cast<float>(p[i] / kept);
+  size_t n_kept = 0;
+  for (size_t j = 0; j < cut; ++j) {
+    const double pj = prob(idx[j]);
+    if (pj >= floor) {
+      idx[n_kept++] = idx[j];
+      kept += pj;
+    }
+  }
+  for (size_t j = 0; j < n_kept; ++j) {
+    const int32_t i = idx[j];
+    (*probs)[static_cast<size_t>(i)] = static_cast<float>(prob(i) / kept);
+  }
 }
 
 int32_t sample(std::span<const float> probs, Rng& rng) { return sample_at(probs, rng.uniform()); }

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <map>
+#include <numeric>
+#include <random>
 
 #include "sample/counter_rng.h"
 #include "sample/rejection.h"
@@ -45,6 +47,70 @@ TEST(Sampling, ProcessedProbsMatchAnIndependentComputation) {
   processed_probs(l, sp, &p);
   EXPECT_GT(p[0], 0.f);  // e^-1 = 0.37 of the max
   EXPECT_EQ(p[2], 0.f);  // e^-1.5 = 0.22 of the max
+}
+
+// The processed distribution by the definition, step by step over a fully sorted list (what processed_probs computed
+// before it learnt to sort only the prefix top-p needs).
+std::vector<double> processed_by_definition(const std::vector<float>& l, const SamplingParams& sp) {
+  std::vector<int32_t> idx(l.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+  size_t keep = idx.size();
+  if (sp.top_k > 0 && static_cast<size_t>(sp.top_k) < keep) {
+    keep = static_cast<size_t>(sp.top_k);
+    while (keep < idx.size() && l[idx[keep]] == l[idx[keep - 1]]) ++keep;
+  }
+  std::vector<double> p(keep);
+  double sum = 0;
+  for (size_t i = 0; i < keep; ++i)
+    sum += p[i] = std::exp((l[idx[i]] - l[idx[0]]) / static_cast<double>(sp.temperature));
+  size_t cut = keep;
+  double cum = 0;
+  for (size_t i = 0; i < keep && sp.top_p < 1.f; ++i) {
+    cum += p[i] / sum;
+    if (cum >= sp.top_p) {
+      cut = i + 1;
+      while (cut < keep && l[idx[cut]] == l[idx[cut - 1]]) ++cut;
+      break;
+    }
+  }
+  size_t m = 0;
+  while (m < cut && p[m] >= sp.min_p * p[0]) ++m;
+  double kept = 0;
+  for (size_t i = 0; i < m; ++i) kept += p[i];
+  std::vector<double> out(l.size());
+  for (size_t i = 0; i < m; ++i) out[static_cast<size_t>(idx[i])] = p[i] / kept;
+  return out;
+}
+
+TEST(Sampling, ProcessedProbsFollowTheDefinitionOnALargeVocabulary) {
+  // 60,000 logits on a coarse grid (many ties at every cut), flat enough that top-p needs more than the first
+  // prefix processed_probs sorts.
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.f, 1.5f);
+  std::vector<float> l(60000);
+  for (float& v : l) v = std::round(normal(rng) * 16.f) / 16.f;
+  const SamplingParams cases[] = {{.temperature = 1.f},
+                                  {.temperature = 0.7f, .top_k = 50},
+                                  {.temperature = 1.f, .top_p = 0.9f},
+                                  {.temperature = 3.f, .top_p = 0.5f},
+                                  {.temperature = 1.2f, .top_k = 5000, .top_p = 0.8f, .min_p = 0.01f},
+                                  {.temperature = 0.8f, .min_p = 0.2f},
+                                  {.temperature = 1.f, .top_k = 1}};
+  for (const SamplingParams& sp : cases) {
+    SCOPED_TRACE(testing::Message() << "T " << sp.temperature << " top_k " << sp.top_k << " top_p " << sp.top_p
+                                    << " min_p " << sp.min_p);
+    std::vector<float> got;
+    processed_probs(l, sp, &got);
+    const std::vector<double> want = processed_by_definition(l, sp);
+    size_t kept = 0;
+    for (size_t i = 0; i < l.size(); ++i) {
+      ASSERT_EQ(got[i] > 0, want[i] > 0) << "token " << i;
+      ASSERT_NEAR(got[i], want[i], 1e-6 * want[i] + 1e-12) << "token " << i;
+      kept += want[i] > 0;
+    }
+    if (sp.top_p < 1.f) EXPECT_GT(kept, 1024u) << "the case does not reach past the first sorted prefix";
+  }
 }
 
 TEST(Sampling, InvalidParamsAreRejected) {
