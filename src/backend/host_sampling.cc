@@ -1,7 +1,6 @@
 // The default sampling ops of Backend (backend.h): the rows go to the host, the sample/ reference processes them
 // (processed_probs, sample_at, verify_draft_at) and the results come back. Exact for the CPU backend, whose
 // "device" memory is host memory; the CUDA backend overrides both ops with kernels.
-#include <cstring>
 #include <vector>
 
 #include "backend/backend.h"

@@ -37,12 +37,6 @@ using bf16 = __nv_bfloat16;
 constexpr int kMaxTopK = 32;          // largest k the kernels take (Gemma 4 26B-A4B uses 8)
 constexpr int kRouteWarps = 4;        // tokens per routing block
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int off = kWarp / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-  return v;
-}
-
 // Whether expert (v, i) ranks before (bv, bi): larger logit first, equal logits by lower index; i < 0 = none.
 __device__ __forceinline__ bool ranks_before(float v, int i, float bv, int bi) {
   if (i < 0) return false;
@@ -222,12 +216,7 @@ __device__ __forceinline__ void dot_rows(float (&acc)[NR][P], const TW* (&w)[NR]
 // every thread). s_warp holds kWarps ints; the caller must pass a barrier before it writes s_warp again.
 __device__ __forceinline__ int block_exclusive_scan(int v, int* s_warp, int* total) {
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  int incl = v;
-#pragma unroll
-  for (int off = 1; off < kWarp; off *= 2) {
-    const int n = __shfl_up_sync(0xffffffffu, incl, off);
-    if (lane >= off) incl += n;
-  }
+  const int incl = warp_inclusive_scan(v);
   if (lane == kWarp - 1) s_warp[warp] = incl;
   __syncthreads();
   int before = 0, sum = 0;

@@ -50,20 +50,14 @@ __device__ __forceinline__ uint32_t order_key(float f) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-__device__ __forceinline__ u64 warp_sum_u64(u64 v) {
-#pragma unroll
-  for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
-
 // Block-wide sum; every thread gets it.
 __device__ u64 block_sum_u64(u64 v) {
   __shared__ u64 part[kWarps];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  v = warp_sum_u64(v);
+  v = warp_sum(v);
   if (lane == 0) part[warp] = v;
   __syncthreads();
-  v = warp_sum_u64(lane < kWarps ? part[lane] : 0);
+  v = warp_sum(lane < kWarps ? part[lane] : u64{0});
   __syncthreads();
   return v;
 }
@@ -71,13 +65,10 @@ __device__ u64 block_sum_u64(u64 v) {
 __device__ float block_max(float v) {
   __shared__ float part[kWarps];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-#pragma unroll
-  for (int off = kWarp / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  v = warp_max(v);
   if (lane == 0) part[warp] = v;
   __syncthreads();
-  v = lane < kWarps ? part[lane] : -INFINITY;
-#pragma unroll
-  for (int off = kWarp / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  v = warp_max(lane < kWarps ? part[lane] : -INFINITY);
   __syncthreads();
   return v;
 }
@@ -92,7 +83,7 @@ __device__ int block_find(int n, u64 r, WeightAt weight_at) {
   const int span = (n + kWarps - 1) / kWarps, begin = min(n, warp * span), end = min(n, begin + span);
   u64 t = 0;
   for (int i = begin + lane; i < end; i += kWarp) t += weight_at(i);
-  t = warp_sum_u64(t);
+  t = warp_sum(t);
   if (lane == 0) warp_total[warp] = t;
   if (threadIdx.x == 0) s_found = n - 1;  // unreachable for r < total; keeps the result in range regardless
   __syncthreads();
@@ -102,13 +93,7 @@ __device__ int block_find(int n, u64 r, WeightAt weight_at) {
     u64 acc = before;
     for (int base = begin; base < end; base += kWarp) {
       const int i = base + lane;
-      const u64 w = i < end ? weight_at(i) : 0;
-      u64 incl = w;
-#pragma unroll
-      for (int off = 1; off < kWarp; off *= 2) {
-        const u64 o = __shfl_up_sync(0xffffffffu, incl, off);
-        if (lane >= off) incl += o;
-      }
+      const u64 incl = warp_inclusive_scan(i < end ? weight_at(i) : u64{0});
       const unsigned hit = __ballot_sync(0xffffffffu, acc + incl > r);
       if (hit) {
         if (lane == __ffs(hit) - 1) s_found = i;
@@ -232,12 +217,7 @@ class ClusterRow {
     if (threadIdx.x < kWarp) {  // lane l holds bins 255 - 8l .. 248 - 8l (descending)
       u64 mine = 0;
       for (int j = 0; j < 8; ++j) mine += total[255 - 8 * lane - j];
-      u64 incl = mine;
-#pragma unroll
-      for (int off = 1; off < kWarp; off *= 2) {
-        const u64 o = __shfl_up_sync(0xffffffffu, incl, off);
-        if (lane >= off) incl += o;
-      }
+      const u64 incl = warp_inclusive_scan(mine);
       const u64 excl = incl - mine;
       const unsigned hit = __ballot_sync(0xffffffffu, excl < need && need <= incl);
       const int owner = hit ? __ffs(hit) - 1 : kWarp - 1;  // need <= the total: always hit
