@@ -177,7 +177,10 @@ Result<Gemm::Plan*> Gemm::plan(const Key& key) {
 }
 
 namespace {
-constexpr int64_t kAutoGemvRows = 2;  // beyond this the GEMV kernel runs out of instruction throughput (cuda_bench)
+// Every row count the GEMV kernel takes. Its instruction throughput falls behind cuBLASLt's tensor cores as rows grow
+// on wide shapes, but cuBLASLt's small-T kernels are slow on narrow ones (E2B's 5-row [256 x 1536] product: 35 us),
+// so the timing per shape decides.
+constexpr int64_t kAutoGemvRows = 9;
 }  // namespace
 
 Result<LinearPath> Gemm::choose(const LinearArgs& a) {

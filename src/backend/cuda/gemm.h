@@ -1,6 +1,6 @@
-// linear() on the GPU (ops.h LinearArgs: out[T, N] = alpha * x[T, K] @ w[N, K]^T (+ out)). For 1-2 bf16 rows
-// (decode) each shape is timed once on tandem's GEMV kernel (gemv.cu) and on cuBLASLt, outside any graph capture,
-// and the faster is kept (TANDEM_GEMV=1 forces the GEMV for up to 9 rows, =0 turns it off); other bf16 operands
+// linear() on the GPU (ops.h LinearArgs: out[T, N] = alpha * x[T, K] @ w[N, K]^T (+ out)). For 1-9 bf16 rows
+// (decode and verify) each shape is timed once on tandem's GEMV kernel (gemv.cu) and on cuBLASLt, outside any graph
+// capture, and the faster is kept (TANDEM_GEMV=1 forces the GEMV, =0 turns it off); other bf16 operands
 // with 16-byte aligned rows go to cuBLASLt (fp32 compute, bf16 or f32 out, one cached plan per shape, a workspace per
 // stream); anything else (odd K or N, f32 operands) to a plain warp-per-output kernel, so every shape works.
 #pragma once

@@ -20,20 +20,40 @@ inline std::atomic<bool>& pdl_flag() {
 }
 inline bool pdl_enabled() { return pdl_flag().load(std::memory_order_relaxed); }
 
+inline cudaLaunchConfig_t launch_config(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                        cudaLaunchAttribute* attrs, unsigned n_attrs) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attrs;
+  cfg.numAttrs = n_attrs;
+  return cfg;
+}
+
 template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                    Args&&... args) {
   cudaLaunchAttribute attr[1] = {};
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  const cudaLaunchConfig_t cfg = launch_config(grid, block, smem, stream, attr, pdl_enabled() ? 1 : 0);
   (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
+
+// A launch of thread-block clusters of `cluster_x` consecutive blocks along x (sm_90+), whose blocks share partial
+// results through distributed shared memory (e.g. one cluster per logits row). Returns the launch's error.
+template <class... Params, class... Args>
+cudaError_t launch_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                            unsigned cluster_x, Args&&... args) {
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster_x;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  const cudaLaunchConfig_t cfg = launch_config(grid, block, smem, stream, attr, 1);
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
 }
 
 }  // namespace tandem::cuda

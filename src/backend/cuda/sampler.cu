@@ -390,19 +390,8 @@ Status launch_sample_typed(const SampleArgs& a, cudaStream_t stream) {
                         .top_k = a.top_k,
                         .seed = a.seed,
                         .counter = a.counter};
-  cudaLaunchAttribute attr[1] = {};
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kBlocks;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(kBlocks, static_cast<unsigned>(rows));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  TANDEM_CUDA_TRY(cudaLaunchKernelEx(&cfg, sample_kernel<T>, k));
+  TANDEM_CUDA_TRY(launch_clusters(sample_kernel<T>, dim3(kBlocks, static_cast<unsigned>(rows)), dim3(kThreads), smem,
+                                  stream, kBlocks, k));
   return ok_status();
 }
 

@@ -1,5 +1,7 @@
-// Sampling-side kernels on the GPU: row-wise argmax over logits (greedy decoding, spec §1.13 item 6: ties go
-// to the lowest index, a NaN wins like torch.argmax). One block per row. Issue 7 adds the sampler kernels here.
+// Row-wise argmax over logits on the GPU (greedy decoding, spec §1.13 item 6: ties go to the lowest index, a NaN
+// wins like torch.argmax). One cluster of 8 blocks per row, so a 262,144-token row is read by 8 SMs (one block
+// per row took 0.1 ms, cuda_bench). The sampler (temperature, top-k/p, rejection) is in sampler.cu.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -13,7 +15,9 @@
 namespace tandem::cuda {
 namespace {
 
-constexpr int kThreads = 512;
+namespace cg = cooperative_groups;
+constexpr int kThreads = 1024;
+constexpr int kBlocks = 8;  // blocks per row (one cluster)
 
 // Whether (v, i) beats (bv, bi): NaN beats any number, larger beats smaller, equal values go to the lower index.
 __device__ __forceinline__ bool better(float v, int64_t i, float bv, int64_t bi) {
@@ -22,13 +26,18 @@ __device__ __forceinline__ bool better(float v, int64_t i, float bv, int64_t bi)
   return v > bv || (v == bv && i < bi);
 }
 
+// One cluster of kBlocks blocks per row, each block reducing a contiguous slice; block 0 combines the slices'
+// winners (which rank is which does not matter: better() is a total order on (value, index)).
 template <class T>
-__global__ void argmax_kernel(int32_t* out, const T* x, int64_t n) {
+__global__ void __launch_bounds__(kThreads) argmax_kernel(int32_t* out, const T* x, int64_t n) {
   pdl_enter();
-  const T* row = x + blockIdx.x * n;
+  const int64_t slice = (n + kBlocks - 1) / kBlocks, lo = blockIdx.x * slice;
+  const int64_t hi = lo + slice < n ? lo + slice : n;
+  const T* row = x + blockIdx.y * n;
   float best = -INFINITY;
   int64_t best_i = INT64_MAX;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+#pragma unroll 8
+  for (int64_t i = lo + threadIdx.x; i < hi; i += kThreads) {
     const float v = to_f32(row[i]);
     if (better(v, i, best, best_i)) {
       best = v;
@@ -53,14 +62,29 @@ __global__ void argmax_kernel(int32_t* out, const T* x, int64_t n) {
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (int w = 1; w < static_cast<int>(blockDim.x / kWarp); ++w) {
+    for (int w = 1; w < kThreads / kWarp; ++w) {
       if (better(s_val[w], s_idx[w], best, best_i)) {
         best = s_val[w];
         best_i = s_idx[w];
       }
     }
-    out[blockIdx.x] = static_cast<int32_t>(best_i);
+    s_val[0] = best;  // this block's winner, read by block 0 of the cluster
+    s_idx[0] = best_i;
   }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  if (cluster.block_rank() == 0 && threadIdx.x == 0) {
+    for (unsigned r = 1; r < kBlocks; ++r) {
+      const float v = *cluster.map_shared_rank(&s_val[0], r);
+      const int64_t i = *cluster.map_shared_rank(&s_idx[0], r);
+      if (better(v, i, best, best_i)) {
+        best = v;
+        best_i = i;
+      }
+    }
+    out[blockIdx.y] = static_cast<int32_t>(best_i);
+  }
+  cluster.sync();  // no block leaves while block 0 may still read its shared memory
 }
 
 }  // namespace
@@ -68,13 +92,15 @@ __global__ void argmax_kernel(int32_t* out, const T* x, int64_t n) {
 Status launch_argmax(const ArgmaxArgs& a, cudaStream_t stream) {
   const int64_t rows = a.x.rows(), n = a.x.dim(-1);
   if (rows == 0) return ok_status();
+  if (rows > 65535) return unsupported(strfmt("cuda argmax: %lld rows (at most 65535)", static_cast<long long>(rows)));
   auto* out = static_cast<int32_t*>(a.out.data);
-  const auto grid = static_cast<unsigned>(rows);
+  const dim3 grid(kBlocks, static_cast<unsigned>(rows));
   if (a.x.dtype == DType::kBF16) {
-    launch_kernel(argmax_kernel<__nv_bfloat16>, grid, kThreads, 0, stream, out,
-                  static_cast<const __nv_bfloat16*>(a.x.data), n);
+    TANDEM_CUDA_TRY(launch_clusters(argmax_kernel<__nv_bfloat16>, grid, dim3(kThreads), 0, stream, kBlocks, out,
+                                    static_cast<const __nv_bfloat16*>(a.x.data), n));
   } else if (a.x.dtype == DType::kF32) {
-    launch_kernel(argmax_kernel<float>, grid, kThreads, 0, stream, out, static_cast<const float*>(a.x.data), n);
+    TANDEM_CUDA_TRY(launch_clusters(argmax_kernel<float>, grid, dim3(kThreads), 0, stream, kBlocks, out,
+                                    static_cast<const float*>(a.x.data), n));
   } else {
     return unsupported(strfmt("cuda argmax: x dtype %s (f32/bf16 only)", dtype_name(a.x.dtype)));
   }
