@@ -340,6 +340,38 @@ TEST_F(CudaOps, MoeExpertsDuplicateAndInvalidIndices) {
   for (int64_t o = 0; o < d_model; ++o) EXPECT_TRUE(std::isnan(out.host().get(2 * d_model + o))) << "out " << o;
 }
 
+TEST_F(CudaOps, MoeExpertsOneTokenDuplicateAndInvalidIndices) {
+  // The one-token path (bf16 weights, d_ff % 8 == 0: no grouping tables, the down product and the combine in one
+  // launch) under the same contract: a repeated expert counts once per slot, an index outside [0, n_experts) NaNs.
+  const int64_t n_exp = 4, d_model = 64, d_ff = 16;
+  const int k = 3;
+  DeviceTensor gate_up(be(), kBF16, {n_exp, 2 * d_ff, d_model}), down(be(), kBF16, {n_exp, d_model, d_ff});
+  fill_random(gate_up.host(), 21);
+  fill_random(down.host(), 22);
+  gate_up.upload();
+  down.upload();
+  const int32_t ids[2][3] = {{2, 2, 0}, {0, static_cast<int32_t>(n_exp), 1}};
+  for (int t = 0; t < 2; ++t) {
+    SCOPED_TRACE(strfmt("token %d", t));
+    DeviceTensor x(be(), kBF16, {1, d_model}), out(be(), kBF16, {1, d_model});
+    DeviceTensor idx(be(), kI32, {1, k}), w(be(), kF32, {1, k});
+    fill_random(x.host(), 23 + static_cast<uint32_t>(t));
+    for (int j = 0; j < k; ++j) {
+      idx.host().seti(j, ids[t][j]);
+      w.host().set(j, 0.25f + 0.125f * static_cast<float>(j));
+    }
+    for (DeviceTensor* d : {&x, &idx, &w}) d->upload();
+    out.poison();
+    be().moe_experts({.out = out, .x = x, .gate_up = gate_up, .down = down, .idx = idx, .weights = w});
+    out.download();
+    if (t == 0) {
+      expect_close(out.host(), reference_experts(gate_up, down, x, idx, w), tolerance_for(kBF16, /*is_linear=*/true));
+    } else {
+      for (int64_t o = 0; o < d_model; ++o) EXPECT_TRUE(std::isnan(out.host().get(o))) << "out " << o;
+    }
+  }
+}
+
 TEST_F(CudaOps, MoeExpertsChunkedTokens) {
   // More pairs than one chunk takes (2048): 600 tokens x top-8 run in chunks of 256, 256 and 88 tokens; top-5 on
   // odd sizes (one-element loads) in chunks of 409 and 191.

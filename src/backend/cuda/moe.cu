@@ -14,6 +14,7 @@
 //  2. down: y[pair] = D_e h[pair] in f32, each warp streaming R rows of D_e (rows of d_ff are short).
 //  3. combine: out[t] = sum_j w_j y[(t, j)], the token's experts added in increasing index (as HF and the CPU), in
 //     f32, rounded once.
+// One token (decode) skips step 0: slot j is pair j, its expert read from idx by the gate_up and down kernels.
 // Products accumulate in f32. f32 weights and unaligned or odd sizes take the same kernels with one-element loads.
 // Tokens are chunked so the tables, h and y fit the workspace.
 #include <cuda_bf16.h>
@@ -294,14 +295,16 @@ __global__ void __launch_bounds__(kThreads)
 template <class TW, class TX, int V, int R, int P>
 __global__ void __launch_bounds__(kThreads, 2)
     moe_gate_up_kernel(float* __restrict__ h, MoeTables tab, const TX* __restrict__ x, const TW* __restrict__ gate_up,
-                       MoeShape s) {
+                       MoeShape s, const int32_t* __restrict__ one_token_idx) {
   pdl_enter();
   __shared__ float part[kWarps][2 * R * P];
   const int slot = blockIdx.y;
-  const int e = tab.expert[slot];
-  if (e < 0 || s.d_ff == 0) return;  // fewer distinct experts than slots: the whole block leaves together
-  const int count = tab.count[slot];
-  const int* __restrict__ list = tab.pairs + tab.offset[slot];
+  // One token (one_token_idx, no tables): slot j is pair j, whose expert is idx[j].
+  const int e = one_token_idx != nullptr ? one_token_idx[slot] : tab.expert[slot];
+  if (e < 0 || e >= s.n_exp || s.d_ff == 0) return;  // an empty slot: the whole block leaves together
+  const int count = one_token_idx != nullptr ? 1 : tab.count[slot];
+  const int* __restrict__ list = one_token_idx != nullptr ? nullptr : tab.pairs + tab.offset[slot];
+  auto pair_at = [&](int i) { return list != nullptr ? list[i] : slot; };
 
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int64_t f0 = static_cast<int64_t>(blockIdx.x) * R;
@@ -319,7 +322,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int np = min(P, count - p0);
     const TX* xr[P];
 #pragma unroll
-    for (int p = 0; p < P; ++p) xr[p] = x + static_cast<int64_t>(list[p0 + min(p, np - 1)] / s.k) * s.d_model;
+    for (int p = 0; p < P; ++p) xr[p] = x + static_cast<int64_t>(pair_at(p0 + min(p, np - 1)) / s.k) * s.d_model;
     float acc[2 * R][P];
     dot_rows<kThreads, (P == 1 ? 2 : 1), V>(acc, w, xr, np, n_chunks, threadIdx.x);  // 2R or 4R loads in flight
 #pragma unroll
@@ -343,7 +346,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           us += part[i][(R + r) * P + p];
         }
         const float gv = round_to(s.act, gs), uv = round_to(s.act, us);
-        h[static_cast<int64_t>(list[p0 + p]) * s.d_ff + f] = round_to(s.act, round_to(s.act, gelu_tanh(gv)) * uv);
+        h[static_cast<int64_t>(pair_at(p0 + p)) * s.d_ff + f] = round_to(s.act, round_to(s.act, gelu_tanh(gv)) * uv);
       }
     }
     __syncthreads();  // part[] is rewritten by the next pass
@@ -356,15 +359,16 @@ __global__ void __launch_bounds__(kThreads, 2)
 template <class TW, int V, int R, int P>
 __global__ void __launch_bounds__(kThreads, 2)
     moe_down_kernel(float* __restrict__ y, MoeTables tab, const float* __restrict__ h, const TW* __restrict__ down,
-                    MoeShape s) {
+                    MoeShape s, const int32_t* __restrict__ one_token_idx) {
   pdl_enter();
   const int slot = blockIdx.y;
-  const int e = tab.expert[slot];
-  if (e < 0) return;
+  const bool one = one_token_idx != nullptr;  // as in moe_gate_up_kernel: slot j is pair j, expert idx[j]
+  const int e = one ? one_token_idx[slot] : tab.expert[slot];
+  if (e < 0 || e >= s.n_exp) return;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * R;
   if (o0 >= s.d_model) return;  // no block-wide barriers here: a warp may leave alone
-  const int offset = tab.offset[slot], count = tab.count[slot];
+  const int offset = one ? 0 : tab.offset[slot], count = one ? 1 : tab.count[slot];
   const TW* w[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) w[r] = down + (static_cast<int64_t>(e) * s.d_model + min(o0 + r, s.d_model - 1)) * s.d_ff;
@@ -375,7 +379,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const float* hr[P];
 #pragma unroll
     for (int p = 0; p < P; ++p) {
-      pair[p] = tab.pairs[offset + p0 + min(p, np - 1)];
+      pair[p] = one ? slot : tab.pairs[offset + p0 + min(p, np - 1)];
       hr[p] = h + static_cast<int64_t>(pair[p]) * s.d_ff;
     }
     float acc[R][P];
@@ -523,9 +527,14 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
     const TX* xc = x + t0 * s.d_model;
     const int32_t* ic = idx + t0 * s.k;
 
-    launch_kernel(moe_group_kernel, 1, kThreads, 0, stream, tab, ic, s.n_pairs, static_cast<int>(s.n_exp),
-                  static_cast<int>(slots));
-    TANDEM_CUDA_TRY_LAUNCH();
+    // One token: slot j is pair j (its expert idx[j]; a repeated expert is computed once per slot), no tables.
+    const bool one = nt == 1;
+    const int32_t* one_idx = one ? ic : nullptr;
+    if (!one) {
+      launch_kernel(moe_group_kernel, 1, kThreads, 0, stream, tab, ic, s.n_pairs, static_cast<int>(s.n_exp),
+                    static_cast<int>(slots));
+      TANDEM_CUDA_TRY_LAUNCH();
+    }
 
     const int r_gu = vec_gu ? pick_rows(s.d_ff, 1, slots, scratch.sm_count) : 1;
     const dim3 gu_grid(static_cast<unsigned>(std::max<int64_t>(1, (s.d_ff + r_gu - 1) / r_gu)),
@@ -534,9 +543,11 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
       constexpr int R = decltype(rt)::value, P = decltype(pt)::value;
       if (vec_gu) {
         if constexpr (sizeof(TW) == 2)
-          launch_kernel(moe_gate_up_kernel<TW, TX, 8, R, P>, gu_grid, kThreads, 0, stream, h, tab, xc, gate_up, s);
+          launch_kernel(moe_gate_up_kernel<TW, TX, 8, R, P>, gu_grid, kThreads, 0, stream, h, tab, xc, gate_up, s,
+                        one_idx);
       } else if constexpr (R == 1) {
-        launch_kernel(moe_gate_up_kernel<TW, TX, 1, 1, P>, gu_grid, kThreads, 0, stream, h, tab, xc, gate_up, s);
+        launch_kernel(moe_gate_up_kernel<TW, TX, 1, 1, P>, gu_grid, kThreads, 0, stream, h, tab, xc, gate_up, s,
+                      one_idx);
       }
     });
     TANDEM_CUDA_TRY_LAUNCH();
@@ -548,9 +559,9 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
       constexpr int R = decltype(rt)::value, P = decltype(pt)::value;
       if (vec_down) {
         if constexpr (sizeof(TW) == 2)
-          launch_kernel(moe_down_kernel<TW, 8, R, P>, dn_grid, kThreads, 0, stream, y, tab, h, down, s);
+          launch_kernel(moe_down_kernel<TW, 8, R, P>, dn_grid, kThreads, 0, stream, y, tab, h, down, s, one_idx);
       } else if constexpr (R == 1) {
-        launch_kernel(moe_down_kernel<TW, 1, 1, P>, dn_grid, kThreads, 0, stream, y, tab, h, down, s);
+        launch_kernel(moe_down_kernel<TW, 1, 1, P>, dn_grid, kThreads, 0, stream, y, tab, h, down, s, one_idx);
       }
     });
     TANDEM_CUDA_TRY_LAUNCH();
