@@ -35,6 +35,9 @@ struct LinearArgs {
   Tensor out, x, w;
   float alpha = 1.f;
   bool accumulate = false;
+  // w was written by an op on the same stream (the centroid head's gathered rows) rather than loaded with the
+  // model: a backend that starts streaming weights before the ops ahead of it end (the CUDA GEMV) waits for them.
+  bool w_fresh = false;
 };
 
 // Row-wise RMSNorm over the last dim, computed in f32: y = x * (mean(x^2) + eps)^-0.5 * w (no "1 + w", spec §1.2).

@@ -264,7 +264,7 @@ Status Gemma4Assistant::centroid_head(const Tensor& zf, bool full_logits, DraftS
   const Tensor emb = ws.cand_emb.view(act, {n_cand, tc.d_model});
   backend_.embedding({.out = emb, .table = head, .ids = ws.cand_ids.view(DType::kI32, {n_cand}), .scale = 1.f});
   const Tensor sel = ws.cand_logits.view(act, {1, n_cand});
-  backend_.linear({.out = sel, .x = zf, .w = emb});
+  backend_.linear({.out = sel, .x = zf, .w = emb, .w_fresh = true});
   raw.resize(static_cast<size_t>(n_cand) * dtype_size(act));
   TANDEM_TRY(backend_.copy(raw.data(), sel.data, raw.size(), CopyKind::kDeviceToHost));
   TANDEM_TRY(backend_.synchronize());

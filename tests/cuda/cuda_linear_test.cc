@@ -200,131 +200,181 @@ TEST_F(CudaLinear, AutoModeTimesEachDecodeShapeOnceAndSticksToTheWinner) {
 }
 
 TEST_F(CudaLinear, GegluEqualsItsCompositeBitwise) {
-  // The fused decode GeGLU (1-2 rows) gives the bits of linear + linear + gelu_mul on the GEMV path, and the
-  // composite (3 rows) matches the reference; N odd and not a multiple of the rows per block.
+  // The fused GeGLU (1..fused_gemv_rows rows) gives the bits of linear + linear + gelu_mul on the GEMV path, and
+  // the composite (more rows) matches the reference; N odd and not a multiple of the rows per block.
   const cuda::GemvMode before = be().gemv_mode();
-  for (int64_t n_tok : {1, 2, 3}) {
-    SCOPED_TRACE(n_tok);
-    const int64_t K = 1544, N = 1037;
-    DeviceTensor x(be(), kBF16, {n_tok, K}), wg(be(), kBF16, {N, K}), wu(be(), kBF16, {N, K});
-    DeviceTensor out(be(), kBF16, {n_tok, N}), up(be(), kBF16, {n_tok, N}), ref_out(be(), kBF16, {n_tok, N});
-    fill_random(x.host(), 61);
-    fill_random(wg.host(), 62);
-    fill_random(wu.host(), 63);
-    x.upload();
-    wg.upload();
-    wu.upload();
-    out.poison();
-    be().set_gemv_mode(cuda::GemvMode::kAuto);
-    be().geglu({.out = out, .x = x, .w_gate = wg, .w_up = wu, .up = up});
-    out.download();
-    be().set_gemv_mode(cuda::GemvMode::kOn);
-    ref_out.poison();
-    be().Backend::geglu({.out = ref_out, .x = x, .w_gate = wg, .w_up = wu, .up = up});
-    ref_out.download();
-    be().set_gemv_mode(before);
-    if (n_tok <= 2) {
-      for (int64_t j = 0; j < n_tok * N; ++j) ASSERT_EQ(out.host().get(j), ref_out.host().get(j)) << "element " << j;
+  const int rows_before = be().fused_gemv_rows();
+  for (int max_rows : {2, 9})
+    for (int64_t n_tok : {1, 2, 3, 5, 9}) {
+      SCOPED_TRACE(strfmt("fused up to %d rows, %lld rows", max_rows, static_cast<long long>(n_tok)));
+      be().set_fused_gemv_rows(max_rows);
+      const int64_t K = 1544, N = 1037;
+      DeviceTensor x(be(), kBF16, {n_tok, K}), wg(be(), kBF16, {N, K}), wu(be(), kBF16, {N, K});
+      DeviceTensor out(be(), kBF16, {n_tok, N}), up(be(), kBF16, {n_tok, N}), ref_out(be(), kBF16, {n_tok, N});
+      fill_random(x.host(), 61);
+      fill_random(wg.host(), 62);
+      fill_random(wu.host(), 63);
+      x.upload();
+      wg.upload();
+      wu.upload();
+      out.poison();
+      be().set_gemv_mode(cuda::GemvMode::kAuto);
+      be().geglu({.out = out, .x = x, .w_gate = wg, .w_up = wu, .up = up});
+      out.download();
+      be().set_gemv_mode(cuda::GemvMode::kOn);
+      ref_out.poison();
+      be().Backend::geglu({.out = ref_out, .x = x, .w_gate = wg, .w_up = wu, .up = up});
+      ref_out.download();
+      be().set_gemv_mode(before);
+      be().set_fused_gemv_rows(rows_before);
+      if (n_tok <= max_rows) {
+        for (int64_t j = 0; j < n_tok * N; ++j) ASSERT_EQ(out.host().get(j), ref_out.host().get(j)) << "element " << j;
+      }
+      HostTensor g(kBF16, {n_tok, N}), u(kBF16, {n_tok, N}), want(kBF16, {n_tok, N});
+      ref::linear({.out = g, .x = x.host(), .w = wg.host()});
+      ref::linear({.out = u, .x = x.host(), .w = wu.host()});
+      ref::gelu_mul({.out = want, .gate = g, .up = u});
+      expect_close(out.host(), want, tolerance_for(kBF16, true));
     }
-    HostTensor g(kBF16, {n_tok, N}), u(kBF16, {n_tok, N}), want(kBF16, {n_tok, N});
-    ref::linear({.out = g, .x = x.host(), .w = wg.host()});
-    ref::linear({.out = u, .x = x.host(), .w = wu.host()});
-    ref::gelu_mul({.out = want, .gate = g, .up = u});
-    expect_close(out.host(), want, tolerance_for(kBF16, true));
-  }
 }
 
 TEST_F(CudaLinear, GroupEqualsSeparateProductsBitwise) {
-  // linear_group (q, k, v of one x) in one GEMV launch for 1-2 rows gives the bits of one GEMV linear() per matrix,
-  // for bf16 and f32 outputs and segment sizes that are not multiples of the rows per block; 3 rows take the
-  // composite (one linear() each, as the mode picks) and match the reference.
+  // linear_group (q, k, v of one x) in one GEMV launch for 1..fused_gemv_rows rows gives the bits of one GEMV
+  // linear() per matrix, for bf16 and f32 outputs and segment sizes that are not multiples of the rows per block;
+  // more rows take the composite (one linear() each, as the mode picks) and match the reference.
   const cuda::GemvMode before = be().gemv_mode();
+  const int rows_before = be().fused_gemv_rows();
   const int64_t K = 1544;
   const int64_t n_out[3] = {2056, 517, 264};
-  for (DType out_dt : {kBF16, kF32}) {
-    for (int64_t n_tok : {1, 2, 3}) {
-      for (int n : {1, 2, 3}) {
-        SCOPED_TRACE(strfmt("out %s, %lld rows, %d products", dtype_name(out_dt), static_cast<long long>(n_tok), n));
-        DeviceTensor x(be(), kBF16, {n_tok, K});
-        fill_random(x.host(), 70);
-        x.upload();
-        std::vector<std::unique_ptr<DeviceTensor>> w, out, sep;
-        LinearGroupArgs group{.x = x};
-        for (int i = 0; i < n; ++i) {
-          w.push_back(std::make_unique<DeviceTensor>(be(), kBF16, std::initializer_list<int64_t>{n_out[i], K}));
-          out.push_back(std::make_unique<DeviceTensor>(be(), out_dt, std::initializer_list<int64_t>{n_tok, n_out[i]}));
-          sep.push_back(std::make_unique<DeviceTensor>(be(), out_dt, std::initializer_list<int64_t>{n_tok, n_out[i]}));
-          fill_random(w.back()->host(), 71 + static_cast<uint32_t>(i));
-          w.back()->upload();
-          out.back()->poison();
-          sep.back()->poison();
-          group.out[i] = *out.back();
-          group.w[i] = *w.back();
-        }
-        group.n = n;
-        be().set_gemv_mode(cuda::GemvMode::kAuto);
-        be().linear_group(group);
-        be().set_gemv_mode(cuda::GemvMode::kOn);
-        for (int i = 0; i < n; ++i)
-          be().linear({.out = *sep[static_cast<size_t>(i)], .x = x, .w = *w[static_cast<size_t>(i)]});
-        be().set_gemv_mode(before);
-        for (int i = 0; i < n; ++i) {
-          out[static_cast<size_t>(i)]->download();
-          sep[static_cast<size_t>(i)]->download();
-          const HostTensor& got = out[static_cast<size_t>(i)]->host();
-          if (n_tok <= 2) {
-            for (int64_t j = 0; j < n_tok * n_out[i]; ++j)
-              ASSERT_EQ(got.get(j), sep[static_cast<size_t>(i)]->host().get(j)) << "product " << i << " element " << j;
+  for (int max_rows : {2, 9})
+    for (DType out_dt : {kBF16, kF32}) {
+      for (int64_t n_tok : {1, 2, 3, 9}) {
+        for (int n : {1, 2, 3}) {
+          SCOPED_TRACE(strfmt("fused up to %d rows, out %s, %lld rows, %d products", max_rows, dtype_name(out_dt),
+                              static_cast<long long>(n_tok), n));
+          DeviceTensor x(be(), kBF16, {n_tok, K});
+          fill_random(x.host(), 70);
+          x.upload();
+          std::vector<std::unique_ptr<DeviceTensor>> w, out, sep;
+          LinearGroupArgs group{.x = x};
+          for (int i = 0; i < n; ++i) {
+            w.push_back(std::make_unique<DeviceTensor>(be(), kBF16, std::initializer_list<int64_t>{n_out[i], K}));
+            out.push_back(
+                std::make_unique<DeviceTensor>(be(), out_dt, std::initializer_list<int64_t>{n_tok, n_out[i]}));
+            sep.push_back(
+                std::make_unique<DeviceTensor>(be(), out_dt, std::initializer_list<int64_t>{n_tok, n_out[i]}));
+            fill_random(w.back()->host(), 71 + static_cast<uint32_t>(i));
+            w.back()->upload();
+            out.back()->poison();
+            sep.back()->poison();
+            group.out[i] = *out.back();
+            group.w[i] = *w.back();
           }
-          HostTensor want(out_dt, {n_tok, n_out[i]});
-          ref::linear({.out = want, .x = x.host(), .w = w[static_cast<size_t>(i)]->host()});
-          expect_close(got, want, tolerance_for(out_dt, true));
+          group.n = n;
+          be().set_gemv_mode(cuda::GemvMode::kAuto);
+          be().set_fused_gemv_rows(max_rows);
+          be().linear_group(group);
+          be().set_fused_gemv_rows(rows_before);
+          be().set_gemv_mode(cuda::GemvMode::kOn);
+          for (int i = 0; i < n; ++i)
+            be().linear({.out = *sep[static_cast<size_t>(i)], .x = x, .w = *w[static_cast<size_t>(i)]});
+          be().set_gemv_mode(before);
+          for (int i = 0; i < n; ++i) {
+            out[static_cast<size_t>(i)]->download();
+            sep[static_cast<size_t>(i)]->download();
+            const HostTensor& got = out[static_cast<size_t>(i)]->host();
+            if (n_tok <= max_rows) {
+              for (int64_t j = 0; j < n_tok * n_out[i]; ++j)
+                ASSERT_EQ(got.get(j), sep[static_cast<size_t>(i)]->host().get(j))
+                    << "product " << i << " element " << j;
+            }
+            HostTensor want(out_dt, {n_tok, n_out[i]});
+            ref::linear({.out = want, .x = x.host(), .w = w[static_cast<size_t>(i)]->host()});
+            expect_close(got, want, tolerance_for(out_dt, true));
+          }
         }
       }
     }
-  }
 }
 
 TEST_F(CudaLinear, LinearGeluMulEqualsItsCompositeBitwise) {
   // linear_gelu_mul (the per-layer-input gate: gelu(x W^T) * up, up one layer's block of a wider row) in one GEMV
-  // launch for 1-2 rows gives the bits of a GEMV linear() then gelu_mul, for bf16 and f32 outputs; 3 rows take the
-  // composite and match the reference.
+  // launch for 1..fused_gemv_rows rows gives the bits of a GEMV linear() then gelu_mul, for bf16 and f32 outputs;
+  // more rows take the composite and match the reference.
   const cuda::GemvMode before = be().gemv_mode();
+  const int rows_before = be().fused_gemv_rows();
   const int64_t K = 1536, N = 256, layers = 3, layer = 1;
-  for (DType out_dt : {kBF16, kF32}) {
-    for (int64_t n_tok : {1, 2, 3}) {
-      SCOPED_TRACE(strfmt("out %s, %lld rows", dtype_name(out_dt), static_cast<long long>(n_tok)));
-      DeviceTensor x(be(), kBF16, {n_tok, K}), w(be(), kBF16, {N, K}), ple(be(), out_dt, {n_tok, layers * N});
-      DeviceTensor got(be(), out_dt, {n_tok, N}), sep(be(), out_dt, {n_tok, N});
-      fill_random(x.host(), 80);
-      fill_random(w.host(), 81);
-      fill_random(ple.host(), 82);
-      for (DeviceTensor* t : {&x, &w, &ple}) t->upload();
-      got.poison();
-      sep.poison();
-      Tensor up = ple.t();  // columns [layer N, layer N + N) of each row
-      up.shape[1] = N;
-      up.data = static_cast<char*>(up.data) + layer * N * static_cast<int64_t>(dtype_size(out_dt));
-      be().set_gemv_mode(cuda::GemvMode::kAuto);
-      be().linear_gelu_mul({.out = got, .x = x, .w = w, .up = up});
-      be().set_gemv_mode(cuda::GemvMode::kOn);
-      be().linear({.out = sep, .x = x, .w = w});
-      be().gelu_mul({.out = sep, .gate = sep, .up = up});
-      be().set_gemv_mode(before);
-      ASSERT_TRUE(be().synchronize().ok());
-      got.download();
-      sep.download();
-      ple.download();
-      if (n_tok <= 2) {
-        for (int64_t j = 0; j < n_tok * N; ++j) ASSERT_EQ(got.host().get(j), sep.host().get(j)) << "element " << j;
+  for (int max_rows : {2, 9})
+    for (DType out_dt : {kBF16, kF32}) {
+      for (int64_t n_tok : {1, 2, 3, 7}) {
+        SCOPED_TRACE(strfmt("fused up to %d rows, out %s, %lld rows", max_rows, dtype_name(out_dt),
+                            static_cast<long long>(n_tok)));
+        DeviceTensor x(be(), kBF16, {n_tok, K}), w(be(), kBF16, {N, K}), ple(be(), out_dt, {n_tok, layers * N});
+        DeviceTensor got(be(), out_dt, {n_tok, N}), sep(be(), out_dt, {n_tok, N});
+        fill_random(x.host(), 80);
+        fill_random(w.host(), 81);
+        fill_random(ple.host(), 82);
+        for (DeviceTensor* t : {&x, &w, &ple}) t->upload();
+        got.poison();
+        sep.poison();
+        Tensor up = ple.t();  // columns [layer N, layer N + N) of each row
+        up.shape[1] = N;
+        up.data = static_cast<char*>(up.data) + layer * N * static_cast<int64_t>(dtype_size(out_dt));
+        be().set_gemv_mode(cuda::GemvMode::kAuto);
+        be().set_fused_gemv_rows(max_rows);
+        be().linear_gelu_mul({.out = got, .x = x, .w = w, .up = up});
+        be().set_fused_gemv_rows(rows_before);
+        be().set_gemv_mode(cuda::GemvMode::kOn);
+        be().linear({.out = sep, .x = x, .w = w});
+        be().gelu_mul({.out = sep, .gate = sep, .up = up});
+        be().set_gemv_mode(before);
+        ASSERT_TRUE(be().synchronize().ok());
+        got.download();
+        sep.download();
+        ple.download();
+        if (n_tok <= max_rows) {
+          for (int64_t j = 0; j < n_tok * N; ++j) ASSERT_EQ(got.host().get(j), sep.host().get(j)) << "element " << j;
+        }
+        HostTensor prod(out_dt, {n_tok, N}), want(out_dt, {n_tok, N}), up_h(out_dt, {n_tok, N});
+        ref::linear({.out = prod, .x = x.host(), .w = w.host()});
+        for (int64_t t = 0; t < n_tok; ++t)
+          for (int64_t j = 0; j < N; ++j) up_h.set(t * N + j, ple.host().get(t * layers * N + layer * N + j));
+        ref::gelu_mul({.out = want, .gate = prod, .up = up_h});
+        expect_close(got.host(), want, tolerance_for(out_dt, true));
       }
-      HostTensor prod(out_dt, {n_tok, N}), want(out_dt, {n_tok, N}), up_h(out_dt, {n_tok, N});
-      ref::linear({.out = prod, .x = x.host(), .w = w.host()});
-      for (int64_t t = 0; t < n_tok; ++t)
-        for (int64_t j = 0; j < N; ++j) up_h.set(t * N + j, ple.host().get(t * layers * N + layer * N + j));
-      ref::gelu_mul({.out = want, .gate = prod, .up = up_h});
-      expect_close(got.host(), want, tolerance_for(out_dt, true));
     }
+}
+
+// w_fresh: w gathered by the op just before (the centroid head's candidate rows) is read after that op ends. Four
+// gathers into one buffer, each followed at once by the product that reads it; each product must see its own rows.
+TEST_F(CudaLinear, FreshWeightsAreReadAfterTheOpThatWritesThem) {
+  constexpr int kRounds = 4;
+  const int64_t n_vocab = 4096, n_in = 1536, n_cand = 512;
+  DeviceTensor table(be(), kBF16, {n_vocab, n_in}), x(be(), kBF16, {1, n_in}), emb(be(), kBF16, {n_cand, n_in});
+  fill_random(table.host(), 41);
+  fill_random(x.host(), 42);
+  table.upload();
+  x.upload();
+  std::vector<std::unique_ptr<DeviceTensor>> ids, out;
+  std::mt19937 rng(43);
+  for (int r = 0; r < kRounds; ++r) {
+    ids.push_back(std::make_unique<DeviceTensor>(be(), DType::kI32, std::initializer_list<int64_t>{n_cand}));
+    out.push_back(std::make_unique<DeviceTensor>(be(), kBF16, std::initializer_list<int64_t>{1, n_cand}));
+    for (int64_t i = 0; i < n_cand; ++i) ids[r]->host().seti(i, static_cast<int32_t>(rng() % n_vocab));
+    ids[r]->upload();
+    out[r]->poison();
+  }
+  for (int r = 0; r < kRounds; ++r) {
+    be().embedding({.out = emb, .table = table, .ids = *ids[r], .scale = 1.f});
+    be().linear({.out = *out[r], .x = x, .w = emb, .w_fresh = true});
+  }
+  for (int r = 0; r < kRounds; ++r) {
+    SCOPED_TRACE(strfmt("round %d", r));
+    out[r]->download();
+    HostTensor rows(kBF16, {n_cand, n_in}), want(kBF16, {1, n_cand});
+    ref::embedding({.out = rows, .table = table.host(), .ids = ids[r]->host(), .scale = 1.f});
+    ref::linear({.out = want, .x = x.host(), .w = rows});
+    expect_close(out[r]->host(), want, tolerance_for(kBF16, true));
   }
 }
 

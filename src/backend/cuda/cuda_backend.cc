@@ -106,6 +106,17 @@ Status CudaBackend::init() {
   }
   const char* pdl = std::getenv("TANDEM_PDL");
   set_programmatic_launch(props_.major >= 9 && !(pdl != nullptr && std::string_view(pdl) == "0"));
+  const char* prefetch = std::getenv("TANDEM_WEIGHT_PREFETCH");
+  weight_prefetch().store(!(prefetch != nullptr && std::string_view(prefetch) == "0"));
+  if (const char* rows = std::getenv("TANDEM_FUSED_GEMV_ROWS")) {
+    char* end = nullptr;
+    const long n = std::strtol(rows, &end, 10);
+    if (end != rows && *end == '\0' && n >= 0 && n <= kMaxFusedGemvRows) {
+      fused_gemv_rows_ = static_cast<int>(n);
+    } else {
+      TANDEM_LOG_WARN("TANDEM_FUSED_GEMV_ROWS=%s ignored (an integer 0..%d)", rows, kMaxFusedGemvRows);
+    }
+  }
   TANDEM_TRY(add_stream());
   TANDEM_ASSIGN_OR_RETURN(gemm_, Gemm::create(props_.multiProcessorCount));
   TANDEM_LOG_DEBUG("cuda:%d: %s, sm_%d%d, %s", index_, props_.name, props_.major, props_.minor,
@@ -638,7 +649,7 @@ void CudaBackend::moe_experts(const MoeExpertsArgs& a) {
 
 void CudaBackend::geglu(const GegluArgs& a) {
   // Decode sizes: one pass over both weights with the GeGLU in the epilogue; otherwise the composite.
-  if (gemm_->gemv_mode() == GemvMode::kOff || !geglu_gemv_eligible(a)) return Backend::geglu(a);
+  if (gemm_->gemv_mode() == GemvMode::kOff || !geglu_gemv_eligible(a, fused_gemv_rows_)) return Backend::geglu(a);
   expect_gpu(a.out, index_, "geglu", "out");
   expect_gpu(a.x, index_, "geglu", "x");
   expect_gpu(a.w_gate, index_, "geglu", "w_gate");
@@ -658,7 +669,8 @@ void CudaBackend::geglu(const GegluArgs& a) {
 
 void CudaBackend::linear_gelu_mul(const LinearGeluMulArgs& a) {
   // Decode sizes: the gelu_mul in the GEMV's epilogue; otherwise the two ops.
-  if (gemm_->gemv_mode() == GemvMode::kOff || !linear_gelu_mul_gemv_eligible(a)) return Backend::linear_gelu_mul(a);
+  if (gemm_->gemv_mode() == GemvMode::kOff || !linear_gelu_mul_gemv_eligible(a, fused_gemv_rows_))
+    return Backend::linear_gelu_mul(a);
   for (const Tensor* t : {&a.out, &a.x, &a.w}) expect_gpu(*t, index_, "linear_gelu_mul", "out/x/w");
   expect_gpu(a.up, index_, "linear_gelu_mul", "up", /*contiguous=*/false);
   TANDEM_CHECK_MSG(a.w.ndim == 2 && a.x.dim(-1) == a.w.dim(1) && a.out.rows() == a.x.rows() &&
@@ -677,7 +689,8 @@ void CudaBackend::linear_gelu_mul(const LinearGeluMulArgs& a) {
 
 void CudaBackend::linear_group(const LinearGroupArgs& a) {
   // Decode sizes: the products of one x in a single GEMV launch; otherwise one linear() each.
-  if (gemm_->gemv_mode() == GemvMode::kOff || !gemv_group_eligible(a)) return Backend::linear_group(a);
+  if (gemm_->gemv_mode() == GemvMode::kOff || !gemv_group_eligible(a, fused_gemv_rows_))
+    return Backend::linear_group(a);
   expect_gpu(a.x, index_, "linear_group", "x");
   int64_t n_out = 0;
   for (int i = 0; i < a.n; ++i) {

@@ -83,6 +83,13 @@ class CudaBackend final : public Backend {
   // Decode/verify products: timed per shape (default), always on tandem's GEMV kernel, or on cuBLASLt (gemm.h).
   void set_gemv_mode(GemvMode m) { gemm_->set_gemv_mode(m); }
   [[nodiscard]] GemvMode gemv_mode() const { return gemm_->gemv_mode(); }
+  // Most rows (0..9) geglu, linear_group and linear_gelu_mul take as one GEMV launch; more take the composite.
+  // Default 2 (decode), TANDEM_FUSED_GEMV_ROWS overrides.
+  static constexpr int kMaxFusedGemvRows = 9;
+  void set_fused_gemv_rows(int rows) {
+    fused_gemv_rows_ = rows < 0 ? 0 : (rows > kMaxFusedGemvRows ? kMaxFusedGemvRows : rows);
+  }
+  [[nodiscard]] int fused_gemv_rows() const { return fused_gemv_rows_; }
   [[nodiscard]] const cudaDeviceProp& properties() const { return props_; }
 
  private:
@@ -110,6 +117,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Gemm> gemm_;
   Status pending_;
   bool capturing_ = false;                 // inside capture(): ops skip cudaSetDevice
+  int fused_gemv_rows_ = 2;                // see set_fused_gemv_rows
   std::vector<cudaGraphExec_t> graphs_;    // by GraphId; released slots are null
   OpProfiler prof_;
 };

@@ -8,6 +8,7 @@
 // linear_gelu_mul variant writes gelu(round(g)) * up with up read from memory, as linear then gelu_mul round.
 #include <cuda_bf16.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
@@ -23,8 +24,6 @@ using bf16 = __nv_bfloat16;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarp;
 constexpr int kMaxTokens = 9;
-constexpr int kMaxGegluTokens = 2;  // decode sizes, where the fused GEMV beats two cuBLASLt products
-constexpr int kMaxGroupTokens = 2;  // the same for linear_group
 
 // The output rows of one launch: up to kMaxLinearGroup matrices of the same x (linear_group), segment i taking the
 // blocks from first_block[i] on. out[i] is [T, n_out[i]].
@@ -46,11 +45,11 @@ __device__ __forceinline__ V seg_at(const V (&a)[kMaxLinearGroup], int si) {
 // M = 1 weight matrix per segment (linear, linear_group), or 2 (geglu, one segment: rows of w_gate in acc[0], of
 // w_up = w2 in acc[1]). up (M = 1, one segment, or null): the linear_gelu_mul epilogue, row t of up at
 // up + t * up_stride.
-template <int T, int R, class TO, int M>
+template <int T, int R, class TO, int M, bool kEarlyW>
 __global__ void __launch_bounds__(kThreads)
     gemv_kernel(GemvSegs segs, const bf16* __restrict__ x, const bf16* __restrict__ w2, int64_t n_in, float alpha,
                 bool accumulate, const TO* __restrict__ up, int64_t up_stride) {
-  pdl_enter();
+  if constexpr (!kEarlyW) pdl_enter();
   __shared__ float partial[kWarps][M * R * T];
   int si = 0;
 #pragma unroll
@@ -78,13 +77,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int t = 0; t < T; ++t) acc[m][r][t] = 0.f;
 
-#pragma unroll 2
-  for (int64_t c = threadIdx.x; c < chunks; c += kThreads) {
-    uint4 wc[M][R];
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-#pragma unroll
-      for (int r = 0; r < R; ++r) wc[m][r] = __ldcs(wr[m][r] + c);  // streamed once: keep it out of L1
+  auto accumulate_chunk = [&](const uint4(&wc)[M][R], int64_t c) {
 #pragma unroll
     for (int t = 0; t < T; ++t) {
       const uint4 xc = __ldg(xv + t * chunks + c);
@@ -93,6 +86,29 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[m][r][t] = dot8_bf16(wc[m][r], xc, acc[m][r][t]);
     }
+  };
+  auto load_w = [&](uint4(&wc)[M][R], int64_t c) {
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int r = 0; r < R; ++r) wc[m][r] = __ldcs(wr[m][r] + c);  // streamed once: keep it out of L1
+  };
+  int64_t c = threadIdx.x;
+  if constexpr (kEarlyW) {
+    // The weights do not depend on the kernel just before this one, so the first chunk of every row is requested
+    // before waiting for that kernel to end: the fetch overlaps its tail instead of following it (for the short
+    // rows this variant serves, most of the block's weights). x and up are read only after the wait.
+    uint4 wc[M][R];
+    if (c < chunks) load_w(wc, c);
+    pdl_enter();
+    if (c < chunks) accumulate_chunk(wc, c);
+    c += kThreads;
+  }
+#pragma unroll 2
+  for (; c < chunks; c += kThreads) {
+    uint4 wc[M][R];
+    load_w(wc, c);
+    accumulate_chunk(wc, c);
   }
 
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
@@ -150,9 +166,13 @@ Status launch_rows(GemvSegs segs, const LinearArgs& a, const void* w2, int sm_co
       segs.first_block[i] = blocks;
       blocks += (segs.n_out[i] + R - 1) / R;
     }
-    launch_kernel(gemv_kernel<T, R, TO, M>, static_cast<unsigned>(blocks), kThreads, 0, stream, segs,
-                  static_cast<const bf16*>(a.x.data), static_cast<const bf16*>(w2), n_in, a.alpha, a.accumulate,
-                  static_cast<const TO*>(up), up_stride);
+    // Decode products over rows of at most two chunks per thread request weights before the PDL wait (kEarlyW:
+    // more registers, so not for the long rows, where the ramp matters less than the occupancy).
+    const bool early =
+        T == 1 && weight_prefetch().load(std::memory_order_relaxed) && !a.w_fresh && n_in / 8 <= 2 * kThreads;
+    auto* kernel = early ? gemv_kernel<T, R, TO, M, T == 1> : gemv_kernel<T, R, TO, M, false>;
+    launch_kernel(kernel, static_cast<unsigned>(blocks), kThreads, 0, stream, segs, static_cast<const bf16*>(a.x.data),
+                  static_cast<const bf16*>(w2), n_in, a.alpha, a.accumulate, static_cast<const TO*>(up), up_stride);
     TANDEM_CUDA_TRY_LAUNCH();
     return ok_status();
   };
@@ -177,26 +197,47 @@ GemvSegs make_segs(const Tensor* out, const Tensor* w, int n) {
 
 GemvSegs one_segment(const LinearArgs& a) { return make_segs(&a.out, &a.w, 1); }
 
-template <class TO>
-Status launch_tokens(const GemvSegs& segs, const LinearArgs& a, int sm_count, cudaStream_t stream) {
-  switch (a.x.rows()) {
-    case 1: return launch_rows<1, TO>(segs, a, nullptr, sm_count, stream);
-    case 2: return launch_rows<2, TO>(segs, a, nullptr, sm_count, stream);
-    case 3: return launch_rows<3, TO>(segs, a, nullptr, sm_count, stream);
-    case 4: return launch_rows<4, TO>(segs, a, nullptr, sm_count, stream);
-    case 5: return launch_rows<5, TO>(segs, a, nullptr, sm_count, stream);
-    case 6: return launch_rows<6, TO>(segs, a, nullptr, sm_count, stream);
-    case 7: return launch_rows<7, TO>(segs, a, nullptr, sm_count, stream);
-    case 8: return launch_rows<8, TO>(segs, a, nullptr, sm_count, stream);
-    case 9: return launch_rows<9, TO>(segs, a, nullptr, sm_count, stream);
+// f(integral_constant<int, T>) for T = rows (1..kMaxTokens).
+template <class F>
+Status with_rows(int64_t rows, F&& f) {
+  switch (rows) {
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    case 5:
+      return f(std::integral_constant<int, 5>{});
+    case 6:
+      return f(std::integral_constant<int, 6>{});
+    case 7:
+      return f(std::integral_constant<int, 7>{});
+    case 8:
+      return f(std::integral_constant<int, 8>{});
+    case 9:
+      return f(std::integral_constant<int, 9>{});
     default: break;
   }
-  return internal_error(strfmt("cuda gemv: %lld rows", static_cast<long long>(a.x.rows())));
+  return internal_error(strfmt("cuda gemv: %lld rows", static_cast<long long>(rows)));
+}
+
+template <class TO>
+Status launch_tokens(const GemvSegs& segs, const LinearArgs& a, int sm_count, cudaStream_t stream) {
+  return with_rows(a.x.rows(),
+                   [&](auto t) { return launch_rows<decltype(t)::value, TO>(segs, a, nullptr, sm_count, stream); });
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
+
+std::atomic<bool>& weight_prefetch() {
+  static std::atomic<bool> on{true};
+  return on;
+}
 
 bool gemv_eligible(const LinearArgs& a) {
   const int64_t rows = a.x.rows();
@@ -211,8 +252,8 @@ Status launch_gemv(const LinearArgs& a, int sm_count, cudaStream_t stream) {
                                      : launch_tokens<float>(one_segment(a), a, sm_count, stream);
 }
 
-bool gemv_group_eligible(const LinearGroupArgs& a) {
-  if (a.n < 1 || a.n > kMaxLinearGroup || a.x.rows() > kMaxGroupTokens || !a.x.is_contiguous()) return false;
+bool gemv_group_eligible(const LinearGroupArgs& a, int max_rows) {
+  if (a.n < 1 || a.n > kMaxLinearGroup || a.x.rows() > max_rows || !a.x.is_contiguous()) return false;
   for (int i = 0; i < a.n; ++i) {
     const LinearArgs li{.out = a.out[i], .x = a.x, .w = a.w[i]};
     if (!gemv_eligible(li) || a.out[i].dtype != a.out[0].dtype || a.w[i].dim(1) != a.w[0].dim(1)) return false;
@@ -221,43 +262,46 @@ bool gemv_group_eligible(const LinearGroupArgs& a) {
 }
 
 Status launch_gemv_group(const LinearGroupArgs& a, int sm_count, cudaStream_t stream) {
-  if (!gemv_group_eligible(a)) return internal_error("cuda gemv group: arguments it does not take");
+  if (!gemv_group_eligible(a, kMaxTokens)) return internal_error("cuda gemv group: arguments it does not take");
   const GemvSegs segs = make_segs(a.out, a.w, a.n);
   const LinearArgs first{.out = a.out[0], .x = a.x, .w = a.w[0]};
   return a.out[0].dtype == DType::kBF16 ? launch_tokens<bf16>(segs, first, sm_count, stream)
                                         : launch_tokens<float>(segs, first, sm_count, stream);
 }
 
-bool geglu_gemv_eligible(const GegluArgs& a) {
+bool geglu_gemv_eligible(const GegluArgs& a, int max_rows) {
   const LinearArgs g{.out = a.out, .x = a.x, .w = a.w_gate};
-  return a.x.rows() <= kMaxGegluTokens && a.out.dtype == a.x.dtype && gemv_eligible(g) &&
-         a.w_up.dtype == DType::kBF16 && a.w_up.ndim == 2 && a.w_up.shape[0] == a.w_gate.shape[0] &&
-         a.w_up.shape[1] == a.w_gate.shape[1] && aligned16(a.w_up.data);
+  return a.x.rows() <= max_rows && a.out.dtype == a.x.dtype && gemv_eligible(g) && a.w_up.dtype == DType::kBF16 &&
+         a.w_up.ndim == 2 && a.w_up.shape[0] == a.w_gate.shape[0] && a.w_up.shape[1] == a.w_gate.shape[1] &&
+         aligned16(a.w_up.data);
 }
 
 Status launch_geglu_gemv(const GegluArgs& a, int sm_count, cudaStream_t stream) {
-  if (!geglu_gemv_eligible(a)) return internal_error("cuda geglu gemv: arguments it does not take");
+  if (!geglu_gemv_eligible(a, kMaxTokens)) return internal_error("cuda geglu gemv: arguments it does not take");
   const LinearArgs g{.out = a.out, .x = a.x, .w = a.w_gate};
-  return a.x.rows() == 1 ? launch_rows<1, bf16, 2>(one_segment(g), g, a.w_up.data, sm_count, stream)
-                         : launch_rows<2, bf16, 2>(one_segment(g), g, a.w_up.data, sm_count, stream);
+  return with_rows(a.x.rows(), [&](auto t) {
+    return launch_rows<decltype(t)::value, bf16, 2>(one_segment(g), g, a.w_up.data, sm_count, stream);
+  });
 }
 
-bool linear_gelu_mul_gemv_eligible(const LinearGeluMulArgs& a) {
+bool linear_gelu_mul_gemv_eligible(const LinearGeluMulArgs& a, int max_rows) {
   const LinearArgs g{.out = a.out, .x = a.x, .w = a.w};
-  return a.x.rows() <= kMaxGegluTokens && gemv_eligible(g) && a.out.dtype == a.up.dtype && a.out.is_contiguous() &&
+  return a.x.rows() <= max_rows && gemv_eligible(g) && a.out.dtype == a.up.dtype && a.out.is_contiguous() &&
          a.up.ndim == 2 && a.up.shape[0] == a.x.rows() && a.up.shape[1] == a.w.dim(0) && a.up.stride[1] == 1 &&
          a.up.stride[0] >= a.up.shape[1] && a.up.data != a.out.data;
 }
 
 Status launch_linear_gelu_mul_gemv(const LinearGeluMulArgs& a, int sm_count, cudaStream_t stream) {
-  if (!linear_gelu_mul_gemv_eligible(a)) return internal_error("cuda linear_gelu_mul gemv: arguments it does not take");
+  if (!linear_gelu_mul_gemv_eligible(a, kMaxTokens))
+    return internal_error("cuda linear_gelu_mul gemv: arguments it does not take");
   const LinearArgs g{.out = a.out, .x = a.x, .w = a.w};
   const int64_t stride = a.up.stride[0];
-  if (a.out.dtype == DType::kBF16)
-    return a.x.rows() == 1 ? launch_rows<1, bf16>(one_segment(g), g, nullptr, sm_count, stream, a.up.data, stride)
-                           : launch_rows<2, bf16>(one_segment(g), g, nullptr, sm_count, stream, a.up.data, stride);
-  return a.x.rows() == 1 ? launch_rows<1, float>(one_segment(g), g, nullptr, sm_count, stream, a.up.data, stride)
-                         : launch_rows<2, float>(one_segment(g), g, nullptr, sm_count, stream, a.up.data, stride);
+  return with_rows(a.x.rows(), [&](auto t) {
+    constexpr int T = decltype(t)::value;
+    return a.out.dtype == DType::kBF16
+               ? launch_rows<T, bf16>(one_segment(g), g, nullptr, sm_count, stream, a.up.data, stride)
+               : launch_rows<T, float>(one_segment(g), g, nullptr, sm_count, stream, a.up.data, stride);
+  });
 }
 
 }  // namespace tandem::cuda

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstddef>
 #include <span>
 
@@ -71,19 +72,22 @@ Status launch_attention(const AttentionArgs& a, const Scratch& scratch, cudaStre
 // only, so it can be captured in a CUDA graph)
 Status launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
 Status launch_moe_experts(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream_t stream);
-
 // gemv.cu: decode/verify products (1..9 bf16 rows, bf16 weights, K % 8 == 0, 16-byte aligned w and x).
+// weight_prefetch(): whether the GEMV kernels request their first weight chunks before waiting for the kernel before
+// them (programmatic dependent launch; never for a LinearArgs with w_fresh). On unless TANDEM_WEIGHT_PREFETCH=0.
+std::atomic<bool>& weight_prefetch();
 bool gemv_eligible(const LinearArgs& a);
 Status launch_gemv(const LinearArgs& a, int sm_count, cudaStream_t stream);
-// linear_group in one launch (1-2 rows; every product GEMV-eligible with the same x and output dtype).
-bool gemv_group_eligible(const LinearGroupArgs& a);
+// The fused products below take 1..max_rows rows (CudaBackend's fused_gemv_rows(), at most 9).
+// linear_group in one launch (every product GEMV-eligible with the same x and output dtype).
+bool gemv_group_eligible(const LinearGroupArgs& a, int max_rows);
 Status launch_gemv_group(const LinearGroupArgs& a, int sm_count, cudaStream_t stream);
-// The geglu op in one pass over w_gate and w_up (1-2 rows; bf16 x, weights and out).
-bool geglu_gemv_eligible(const GegluArgs& a);
+// The geglu op in one pass over w_gate and w_up (bf16 x, weights and out).
+bool geglu_gemv_eligible(const GegluArgs& a, int max_rows);
 Status launch_geglu_gemv(const GegluArgs& a, int sm_count, cudaStream_t stream);
-// linear_gelu_mul in one GEMV pass, gelu_mul in the epilogue (1-2 rows; bf16 x and weights, out and up of one
-// dtype, up's rows contiguous within a row).
-bool linear_gelu_mul_gemv_eligible(const LinearGeluMulArgs& a);
+// linear_gelu_mul in one GEMV pass, gelu_mul in the epilogue (bf16 x and weights, out and up of one dtype, up's
+// rows contiguous within a row).
+bool linear_gelu_mul_gemv_eligible(const LinearGeluMulArgs& a, int max_rows);
 Status launch_linear_gelu_mul_gemv(const LinearGeluMulArgs& a, int sm_count, cudaStream_t stream);
 
 // gemm.cu: the plain kernel behind linear() for what cuBLASLt cannot take (odd sizes, f32 operands);
