@@ -4,7 +4,7 @@
 #   2. the CUDA model tests' measured lines ([bf16 ...], [graphs] ...);
 #   3. the demo pair on the GPU (`tandem generate --device cuda --compare`);
 #   4. `tandem bench --device cuda --arch A --profile` for each released architecture (random bf16 weights in GPU
-#      memory; the per-op profiles stay in the logs), one from a checkpoint directory in the page cache, and one A/B bench with a switch flipped (GPU_LAB_AB_ENV).
+#      memory; the per-op profiles stay in the logs), one from a checkpoint directory in the page cache, and one A/B bench with a switch flipped (GPU_LAB_AB).
 # Writes logs and RESULTS-gpu.md (the bench tables, to be appended to bench/RESULTS.md) under $OUT, snapshotting
 # them after each step so that a run cut short still returns what it measured. Needs .deps/ carried
 # (scripts/prepare-device-deps.sh). Time budget: GPU_LAB_BUDGET_S seconds (default 560); steps that no longer fit
@@ -61,14 +61,20 @@ if [ -n "$disk_arch" ]; then
   rm -rf "$work/ck"
 fi
 
-# An A/B of the latest switch: the same bench with GPU_LAB_AB_ENV set (default TANDEM_PDL=0, programmatic
-# dependent launch off) on GPU_LAB_AB_ARCH, without the profile.
-ab_env=${GPU_LAB_AB_ENV-TANDEM_PDL=0}
-ab_arch=${GPU_LAB_AB_ARCH:-gemma4-e2b}
-if [ -n "$ab_env" ]; then
-  run_step "bench $ab_arch $ab_env" 30 "bench_ab_$ab_arch.txt" env "$ab_env" $B/tandem bench --device cuda \
-    --arch "$ab_arch" --iters 10 --max-k 8
+# A/B benches of the latest switches: the same bench with one environment setting flipped, without the profile.
+# GPU_LAB_AB lists "arch:VAR=VALUE" entries (default: programmatic dependent launch off on E2B); the older
+# GPU_LAB_AB_ENV / GPU_LAB_AB_ARCH pair still gives one entry.
+ab_list=${GPU_LAB_AB-}
+if [ -z "$ab_list" ]; then
+  ab_env=${GPU_LAB_AB_ENV-TANDEM_PDL=0}
+  [ -n "$ab_env" ] && ab_list="${GPU_LAB_AB_ARCH:-gemma4-e2b}:$ab_env"
 fi
+for ab in $ab_list; do
+  ab_arch=${ab%%:*}
+  ab_env=${ab#*:}
+  run_step "bench $ab_arch $ab_env" 30 "bench_ab_${ab_arch}_${ab_env%%=*}.txt" env "$ab_env" $B/tandem bench \
+    --device cuda --arch "$ab_arch" --iters 10 --max-k 8
+done
 snap
 
 echo "=== gpu-check"
