@@ -129,9 +129,10 @@ bool bench_attention(CudaBackend& be, int iters, double copy_gbs) {
 }
 
 // moe_route + moe_experts at Gemma 4 26B-A4B's shapes (128 experts, top-8, d_model 2816, expert d_ff 704) for 1
-// (decode), 4 and 9 tokens (verify). The bytes are the selected experts' weights, each distinct expert once.
+// (decode), 4 and 9 tokens (verify) and 128 (a prefill chunk, on the tensor cores). The bytes are the selected
+// experts' weights, each distinct expert once.
 bool bench_moe(CudaBackend& be, int iters, double copy_gbs) {
-  const int64_t n_exp = 128, k = 8, d_model = 2816, d_ff = 704, max_tok = 9;
+  const int64_t n_exp = 128, k = 8, d_model = 2816, d_ff = 704, max_tok = 128;
   const size_t gu_elems = static_cast<size_t>(n_exp * 2 * d_ff * d_model), dn_elems = static_cast<size_t>(n_exp * d_model * d_ff);
   Buffer gu = be.alloc(gu_elems * 2).value(), dn = be.alloc(dn_elems * 2).value();
   Buffer x = be.alloc(static_cast<size_t>(max_tok * d_model) * 2).value(), out = be.alloc(static_cast<size_t>(max_tok * d_model) * 2).value();
@@ -140,7 +141,7 @@ bool bench_moe(CudaBackend& be, int iters, double copy_gbs) {
   if (!fill_bf16(be, gu, gu_elems) || !fill_bf16(be, dn, dn_elems) || !fill_bf16(be, x, static_cast<size_t>(max_tok * d_model)) ||
       !fill_bf16(be, logits, static_cast<size_t>(max_tok * n_exp)) || !fill_bf16(be, pes, static_cast<size_t>(n_exp)))
     return false;
-  for (int64_t n_tok : {int64_t{1}, int64_t{4}, max_tok}) {
+  for (int64_t n_tok : {int64_t{1}, int64_t{4}, int64_t{9}, max_tok}) {
     const MoeRouteArgs route{.idx = idx.view(DType::kI32, {n_tok, k}), .weights = w.view(DType::kF32, {n_tok, k}),
                              .logits = logits.view(DType::kBF16, {n_tok, n_exp}),
                              .per_expert_scale = pes.view(DType::kBF16, {n_exp}), .k = static_cast<int>(k)};

@@ -402,6 +402,39 @@ TEST_F(CudaOps, MoeExpertsChunkedTokens) {
   }
 }
 
+TEST_F(CudaOps, MoeExpertsTensorCoreTiles) {
+  // Chunks of 32 or more tokens (bf16 weights and activations, d_model and d_ff multiples of 32) take the
+  // tensor-core kernels (moe_tc.cu): Gemma 4 26B-A4B's expert shapes for 32 tokens (top-2, to keep the host
+  // reference short); 150 tokens on 16 experts, so experts serve more than the 64 pairs of one pass; tokens
+  // repeating their routing (period 5); and d_ff 32 (one tile row of gate and up).
+  struct Case {
+    int64_t n_exp, d_model, d_ff, n_tok, period;
+    int k;
+  };
+  const Case cases[] = {{128, 2816, 704, 32, 0, 2}, {16, 256, 128, 150, 0, 8}, {16, 256, 128, 64, 5, 8},
+                        {8, 96, 32, 33, 0, 2}};
+  uint32_t seed = 2100;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(strfmt("experts %lld d_model %lld d_ff %lld k %d, %lld tokens, period %lld",
+                        static_cast<long long>(c.n_exp), static_cast<long long>(c.d_model),
+                        static_cast<long long>(c.d_ff), c.k, static_cast<long long>(c.n_tok),
+                        static_cast<long long>(c.period)));
+    DeviceTensor gate_up(be(), kBF16, {c.n_exp, 2 * c.d_ff, c.d_model}), down(be(), kBF16, {c.n_exp, c.d_model, c.d_ff});
+    DeviceTensor x(be(), kBF16, {c.n_tok, c.d_model}), idx(be(), kI32, {c.n_tok, c.k}), w(be(), kF32, {c.n_tok, c.k});
+    std::mt19937 rng(seed++);
+    fill_fast(gate_up.host(), seed++, 1.0 / std::sqrt(static_cast<double>(c.d_model)));
+    fill_fast(down.host(), seed++, 1.0 / std::sqrt(static_cast<double>(c.d_ff)));
+    x.host().fill_normal(rng, 1.f);
+    for (DeviceTensor* t : {&gate_up, &down, &x}) t->upload();
+    route_random(idx, w, c.n_exp, seed++, c.period);
+    if (c.n_tok == 150) {
+      EXPECT_GT(max_pairs_per_expert(idx.host(), c.n_exp), 64);  // more than one pass
+    }
+    expect_experts_match(be(), gate_up, down, x, idx, w);
+    if (HasFatalFailure()) return;
+  }
+}
+
 TEST_F(CudaOps, MoeExpertsGraphReplay) {
   // Captured once, replayed after new routing, weights and inputs are written to the device: the launch sizes
   // depend on n_tokens and k only, and the grouping by expert happens on the device at every replay. The routings

@@ -15,6 +15,7 @@
 //  3. combine: out[t] = sum_j w_j y[(t, j)], the token's experts added in increasing index (as HF and the CPU), in
 //     f32, rounded once.
 // One token (decode) skips step 0: slot j is pair j, its expert read from idx by the gate_up and down kernels.
+// Chunks of kTcMinTokens or more tokens (prefill) run steps 1-2 on the tensor cores instead (moe_tc.cu).
 // Products accumulate in f32. f32 weights and unaligned or odd sizes take the same kernels with one-element loads.
 // Tokens are chunked so the tables, h and y fit the workspace.
 #include <cuda_bf16.h>
@@ -28,6 +29,7 @@
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/moe_common.h"
 #include "core/strings.h"
 
 namespace tandem::cuda {
@@ -114,21 +116,7 @@ constexpr int kWarps = kThreads / kWarp;
 constexpr int kMaxExperts = 1024;            // largest n_experts the in-block grouping takes (Gemma 4 has 128)
 constexpr int kMaxChunkPairs = 2048;         // (token, slot) pairs per chunk: bounds the grouping's shared memory
 constexpr int64_t kBlocksPerSm = 4;          // rows per block shrink until the grid fills every SM this often
-
-struct MoeShape {
-  int64_t n_exp, d_model, d_ff;
-  int k;
-  int n_pairs;  // (token, slot) pairs in this chunk, n_tokens * k; pair p = t * k + j, chunk-relative
-  DType act;    // the activation dtype: gate, up and h are rounded to it as HF's bf16 tensors are
-};
-
-// The grouping moe_group_kernel writes for each chunk (in the scratch), read by the gate_up and down kernels.
-struct MoeTables {
-  int* expert;  // [slots] the slot-th distinct expert (increasing index); -1 for slots past the last
-  int* offset;  // [slots] where its pairs start in `pairs`
-  int* count;   // [slots] how many pairs chose it
-  int* pairs;   // [n_pairs] pair indices grouped by expert, increasing within an expert
-};
+constexpr int64_t kTcMinTokens = 32;         // chunks of this many tokens take the tensor-core kernels (moe_tc.cu)
 
 // 16-byte chunks: 8 bf16 weights (uint4) against 8 bf16 (uint4) or 8 f32 (F8) activations. With V = 1 (f32
 // weights, or sizes / addresses that do not allow vector loads) a chunk is one element, already in f32.
@@ -486,6 +474,7 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
   // 16-byte loads of bf16 weights (and of x, whose rows are then 16-byte aligned too); else one element at a time.
   const bool vec_gu = sizeof(TW) == 2 && s.d_model % 8 == 0 && aligned16(a.gate_up.data) && aligned16(a.x.data);
   const bool vec_down = sizeof(TW) == 2 && s.d_ff % 8 == 0 && aligned16(a.down.data);
+  const bool tc = moe_tc_applies(s, a.gate_up.dtype, a.x.dtype, a.gate_up.data, a.down.data, a.x.data);
 
   // Scratch: the tables (3 n_exp + pairs ints), h [pairs, d_ff] and y [pairs, d_model] f32, each 256-byte aligned
   // (h rows are then 16-byte aligned for the down kernel's vector loads). Tokens per chunk: as many as fit, and at
@@ -536,35 +525,43 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
       TANDEM_CUDA_TRY_LAUNCH();
     }
 
-    const int r_gu = vec_gu ? pick_rows(s.d_ff, 1, slots, scratch.sm_count) : 1;
-    const dim3 gu_grid(static_cast<unsigned>(std::max<int64_t>(1, (s.d_ff + r_gu - 1) / r_gu)),
-                       static_cast<unsigned>(slots));
-    with_rows_pairs(r_gu, pairs_per_pass, [&](auto rt, auto pt) {
-      constexpr int R = decltype(rt)::value, P = decltype(pt)::value;
-      if (vec_gu) {
-        if constexpr (sizeof(TW) == 2)
-          launch_kernel(moe_gate_up_kernel<TW, TX, 8, R, P>, gu_grid, kThreads, 0, stream, h, tab, xc, gate_up, s,
+    if (nt >= kTcMinTokens && tc) {  // many tokens: the expert products on the tensor cores (moe_tc.cu)
+      if constexpr (sizeof(TW) == 2 && sizeof(TX) == 2) {
+        auto* h16 = reinterpret_cast<bf16*>(h);  // bf16 h [pairs, d_ff] in h's space
+        TANDEM_TRY(launch_moe_tc_gate_up(h16, tab, xc, gate_up, s, slots, stream));
+        TANDEM_TRY(launch_moe_tc_down(y, tab, h16, down, s, slots, stream));
+      }
+    } else {
+      const int r_gu = vec_gu ? pick_rows(s.d_ff, 1, slots, scratch.sm_count) : 1;
+      const dim3 gu_grid(static_cast<unsigned>(std::max<int64_t>(1, (s.d_ff + r_gu - 1) / r_gu)),
+                         static_cast<unsigned>(slots));
+      with_rows_pairs(r_gu, pairs_per_pass, [&](auto rt, auto pt) {
+        constexpr int R = decltype(rt)::value, P = decltype(pt)::value;
+        if (vec_gu) {
+          if constexpr (sizeof(TW) == 2)
+            launch_kernel(moe_gate_up_kernel<TW, TX, 8, R, P>, gu_grid, kThreads, 0, stream, h, tab, xc, gate_up, s,
+                          one_idx);
+        } else if constexpr (R == 1) {
+          launch_kernel(moe_gate_up_kernel<TW, TX, 1, 1, P>, gu_grid, kThreads, 0, stream, h, tab, xc, gate_up, s,
                         one_idx);
-      } else if constexpr (R == 1) {
-        launch_kernel(moe_gate_up_kernel<TW, TX, 1, 1, P>, gu_grid, kThreads, 0, stream, h, tab, xc, gate_up, s,
-                      one_idx);
-      }
-    });
-    TANDEM_CUDA_TRY_LAUNCH();
+        }
+      });
+      TANDEM_CUDA_TRY_LAUNCH();
 
-    const int r_dn = vec_down ? pick_rows(s.d_model, kWarps, slots, scratch.sm_count) : 1;
-    const dim3 dn_grid(static_cast<unsigned>((s.d_model + kWarps * r_dn - 1) / (kWarps * r_dn)),
-                       static_cast<unsigned>(slots));
-    with_rows_pairs(r_dn, pairs_per_pass, [&](auto rt, auto pt) {
-      constexpr int R = decltype(rt)::value, P = decltype(pt)::value;
-      if (vec_down) {
-        if constexpr (sizeof(TW) == 2)
-          launch_kernel(moe_down_kernel<TW, 8, R, P>, dn_grid, kThreads, 0, stream, y, tab, h, down, s, one_idx);
-      } else if constexpr (R == 1) {
-        launch_kernel(moe_down_kernel<TW, 1, 1, P>, dn_grid, kThreads, 0, stream, y, tab, h, down, s, one_idx);
-      }
-    });
-    TANDEM_CUDA_TRY_LAUNCH();
+      const int r_dn = vec_down ? pick_rows(s.d_model, kWarps, slots, scratch.sm_count) : 1;
+      const dim3 dn_grid(static_cast<unsigned>((s.d_model + kWarps * r_dn - 1) / (kWarps * r_dn)),
+                         static_cast<unsigned>(slots));
+      with_rows_pairs(r_dn, pairs_per_pass, [&](auto rt, auto pt) {
+        constexpr int R = decltype(rt)::value, P = decltype(pt)::value;
+        if (vec_down) {
+          if constexpr (sizeof(TW) == 2)
+            launch_kernel(moe_down_kernel<TW, 8, R, P>, dn_grid, kThreads, 0, stream, y, tab, h, down, s, one_idx);
+        } else if constexpr (R == 1) {
+          launch_kernel(moe_down_kernel<TW, 1, 1, P>, dn_grid, kThreads, 0, stream, y, tab, h, down, s, one_idx);
+        }
+      });
+      TANDEM_CUDA_TRY_LAUNCH();
+    }
 
     const dim3 cb_grid(static_cast<unsigned>((s.d_model + kThreads - 1) / kThreads), static_cast<unsigned>(nt));
     launch_kernel(moe_combine_kernel<TX>, cb_grid, kThreads, 0, stream, out + t0 * s.d_model, y, ic, w + t0 * s.k, s);
