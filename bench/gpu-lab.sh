@@ -4,7 +4,8 @@
 #   2. the CUDA model tests' measured lines ([bf16 ...], [graphs] ...);
 #   3. the demo pair on the GPU (`tandem generate --device cuda --compare`);
 #   4. `tandem bench --device cuda --arch A --profile` for each released architecture (random bf16 weights in GPU
-#      memory; the per-op profiles stay in the logs), one from a checkpoint directory in the page cache, and one A/B bench with a switch flipped (GPU_LAB_AB).
+#      memory; the per-op profiles stay in the logs), long-prompt prefill (GPU_LAB_PREFILL), one from a checkpoint
+#      directory in the page cache, and A/B benches with a switch flipped (GPU_LAB_AB).
 # Writes logs and RESULTS-gpu.md (the bench tables, to be appended to bench/RESULTS.md) under $OUT, snapshotting
 # them after each step so that a run cut short still returns what it measured. Needs .deps/ carried
 # (scripts/prepare-device-deps.sh). Time budget: GPU_LAB_BUDGET_S seconds (default 560); steps that no longer fit
@@ -49,6 +50,12 @@ run_step demo 20 demo_cuda.txt $B/tandem generate --device cuda --model models/d
 for arch in ${GPU_LAB_ARCHS:-gemma4-e2b gemma4-e4b gemma4-26b-a4b gemma4-31b}; do
   run_step "bench $arch" 60 "bench_$arch.txt" $B/tandem bench --device cuda --arch "$arch" --iters 10 --max-k 8 \
     --profile --results "$work/logs/RESULTS-gpu.md"
+done
+# Long prompts: GPU_LAB_PREFILL lists "arch:tokens" entries (default: 26B-A4B at 2048 tokens, whose MoE prefill
+# runs on the tensor cores), benched with that --context, no drafter and one verify size (the prefill row counts).
+for pf in ${GPU_LAB_PREFILL-gemma4-26b-a4b:2048}; do
+  run_step "prefill ${pf%%:*} ${pf#*:} tokens" 30 "bench_prefill_${pf%%:*}_${pf#*:}.txt" $B/tandem bench --device cuda \
+    --arch "${pf%%:*}" --context "${pf#*:}" --iters 3 --max-k 1 --no-draft --results "$work/logs/RESULTS-gpu.md"
 done
 # Loading a real checkpoint directory from the page cache: the random GPU_LAB_DISK_ARCH model (default gemma4-e2b)
 # written to disk with `tandem bench --write-checkpoint` (so its pages are cached), then benched with --model.
