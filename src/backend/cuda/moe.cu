@@ -269,12 +269,21 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (int r = (total >> 16) + tid; r < slots; r += kThreads) tab.expert[r] = -1;
   __syncthreads();
-  for (int i = tid; i < n_pairs; i += kThreads) {
-    const int e = s_idx[i];
-    if (e < 0 || e >= n_exp) continue;
-    int before = 0;
-    for (int j = 0; j < i; ++j) before += s_idx[j] == e ? 1 : 0;
-    tab.pairs[s_offset[e] + before] = i;
+  // Each expert's pairs in increasing order: one warp walks the pairs 32 at a time; lanes holding the same expert
+  // rank among themselves (match_any), and s_offset[e] serves as the expert's cursor, advanced by each group's
+  // size. O(pairs) where counting the earlier pairs of the same expert for every pair was O(pairs^2).
+  if (tid < kWarp) {
+    const int lane = tid;
+    for (int base = 0; base < n_pairs; base += kWarp) {
+      const int i = base + lane;
+      const int e = i < n_pairs ? s_idx[i] : -1;
+      const bool valid = e >= 0 && e < n_exp;
+      const unsigned same = __match_any_sync(0xffffffffu, valid ? e : n_exp + lane);  // invalid: a group of one
+      if (valid) tab.pairs[s_offset[e] + __popc(same & ((1u << lane) - 1u))] = i;
+      __syncwarp();
+      if (valid && lane == 31 - __clz(same)) s_offset[e] += __popc(same);  // the group's last lane
+      __syncwarp();
+    }
   }
 }
 
