@@ -82,6 +82,9 @@ class Backend : public Allocator {
   // them on the device without a host round trip.
   virtual void sample(const SampleArgs& a);
   virtual void reject_drafts(const RejectDraftsArgs& a);
+  // The masked embedder's cluster top-k and candidate tokens (ops.h). The default (host_centroid.cc) reads the
+  // logits back and runs the reference on the host; the CUDA backend runs it on the device.
+  virtual void centroid_candidates(const CentroidCandidatesArgs& a);
   // Composite op: two products and gelu_mul unless a backend fuses them (CUDA at decode sizes).
   virtual void geglu(const GegluArgs& a) {
     linear({.out = a.out, .x = a.x, .w = a.w_gate});

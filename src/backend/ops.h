@@ -179,8 +179,19 @@ struct SoftcapArgs {
 
 // out[r] = argmax over the last dim of x[r, :]; ties go to the lowest index (HF/torch argmax). out i32 [rows].
 // NaN counts as larger than every number (torch semantics): a row containing NaN gives the index of its first NaN.
+// ids (optional, i32 [n], one row): element i stands for token ids[i]; out gets the winner's id and ties (NaNs
+// included) go to the lowest id, as torch.argmax over the scattered vocabulary would pick (the masked embedder).
 struct ArgmaxArgs {
   Tensor out, x;
+  Tensor ids;
+};
+
+// The masked embedder's candidates (spec §4.7): the k clusters c_0..c_{k-1} of the highest logits, in decreasing
+// order (ties to the lower cluster; NaN above every number), and their tokens ids[j * m + i] = ordering[c_j * m +
+// i], m = ordering.numel() / logits.numel().   logits [1, C] act or f32; ordering i32 [C * m]; ids i32 [k * m].
+struct CentroidCandidatesArgs {
+  Tensor ids, logits, ordering;
+  int k = 0;
 };
 
 // Draws one token per row of logits x [rows, n_vocab] (act or f32) from the processed distribution of sampling.h

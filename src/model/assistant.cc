@@ -31,7 +31,8 @@ struct Gemma4Assistant::Workspace {
   Buffer cand_ids;                 // i32 [top_k * vocab_per_centroid]
   Buffer cand_emb;                 // [top_k * vocab_per_centroid, d_model]
   Buffer cand_logits;              // [1, top_k * vocab_per_centroid]
-  std::vector<float> host_centroid, host_cand, host_full;
+  Buffer ordering;                 // i32 [n_vocab]: token_ordering_ on the device
+  std::vector<float> host_cand, host_full;
   std::vector<int32_t> host_cand_ids;
   int32_t host_kv_end = 0;
 };
@@ -121,6 +122,9 @@ Result<std::unique_ptr<Gemma4Assistant>> Gemma4Assistant::load_from(ModelConfig 
     TANDEM_TRY(alloc(ws->cand_ids, n_cand * sizeof(int32_t)));
     TANDEM_TRY(alloc(ws->cand_emb, n_cand * tc.d_model * act));
     TANDEM_TRY(alloc(ws->cand_logits, n_cand * act));
+    TANDEM_TRY(alloc(ws->ordering, m->token_ordering_.size() * sizeof(int32_t)));
+    TANDEM_TRY(backend.copy(ws->ordering.data(), m->token_ordering_.data(), m->token_ordering_.size() * sizeof(int32_t),
+                            CopyKind::kHostToDevice));
   }
   m->ws_ = std::move(ws);
   TANDEM_TRY(backend.synchronize());
@@ -169,8 +173,12 @@ Status Gemma4Assistant::step(const DraftStepArgs& a, DraftStepResult* out) {
     }
   }
   out->g_out = u_hid;
-  if (head_ == DraftHeadKind::kCentroid) return centroid_head(ws.zn.view(act, {1, d}), a.full_logits, out);
   TANDEM_TRY(backend_.copy(&out->argmax, ws.amax.data(), sizeof(int32_t), CopyKind::kDeviceToHost));
+  if (head_ == DraftHeadKind::kCentroid) {
+    out->logits = Tensor();
+    if (a.full_logits) return centroid_full_logits(out);
+    return backend_.last_error();
+  }
   out->logits = a.full_logits ? ws.logits.view(act, {1, tc.n_vocab}) : Tensor();
   return backend_.last_error();
 }
@@ -225,15 +233,19 @@ Status Gemma4Assistant::run_step(const DraftStepArgs& a) {
   backend_.rms_norm({.out = zn, .x = z, .weight = w_.final_norm, .eps = tc.rms_eps});
   // Next step's hidden = post_projection(normed output), written straight into the input slot it feeds.
   backend_.linear({.out = u_hid, .x = zn, .w = w_.post_projection});
-  if (head_ == DraftHeadKind::kCentroid) return ok_status();  // its cluster top-k runs on the host (centroid_head)
+  if (head_ == DraftHeadKind::kCentroid) {
+    centroid_head_ops(zn);
+    return ok_status();
+  }
   const Tensor logits = ws.logits.view(act, {1, tc.n_vocab});
   backend_.linear({.out = logits, .x = zn, .w = head_ == DraftHeadKind::kUntiedDense ? w_.lm_head : w_.embed});
   backend_.argmax({.out = ws.amax.view(DType::kI32, {1}), .x = logits});
   return ok_status();
 }
 
-Status Gemma4Assistant::centroid_head(const Tensor& zf, bool full_logits, DraftStepResult* out) {
-  // Masked embedder (spec §4.7): score the clusters, keep the top-k, score only their tokens.
+void Gemma4Assistant::centroid_head_ops(const Tensor& zf) {
+  // Masked embedder (spec §4.7), on the device: score the clusters, keep the top-k, score only their tokens, and
+  // the argmax over them with ties to the lowest token id (HF's argmax over the scattered vocabulary).
   const TextConfig& tc = cfg_.text;
   const AssistantConfig& ac = *cfg_.assistant;
   const DType act = backend_.activation_dtype();
@@ -242,50 +254,40 @@ Status Gemma4Assistant::centroid_head(const Tensor& zf, bool full_logits, DraftS
   const int64_t n_cand = static_cast<int64_t>(K) * M;
   const Tensor cl = ws.centroid_logits.view(act, {1, C});
   backend_.linear({.out = cl, .x = zf, .w = w_.centroids});
-  ws.host_centroid.resize(static_cast<size_t>(C));
-  std::vector<uint8_t> raw(static_cast<size_t>(C) * dtype_size(act));
-  TANDEM_TRY(backend_.copy(raw.data(), cl.data, raw.size(), CopyKind::kDeviceToHost));
-  TANDEM_TRY(backend_.synchronize());
-  for (int i = 0; i < C; ++i) ws.host_centroid[static_cast<size_t>(i)] = load_as_f32(raw.data(), act, i);
-  std::vector<int> order(static_cast<size_t>(C));
-  std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int x, int y) {
-    float vx = ws.host_centroid[static_cast<size_t>(x)], vy = ws.host_centroid[static_cast<size_t>(y)];
-    return vx > vy || (vx == vy && x < y);
-  });
-  ws.host_cand_ids.resize(static_cast<size_t>(n_cand));
-  for (int j = 0; j < K; ++j)
-    for (int m = 0; m < M; ++m)
-      ws.host_cand_ids[static_cast<size_t>(j * M + m)] =
-          token_ordering_[static_cast<size_t>(order[static_cast<size_t>(j)]) * M + m];
-  TANDEM_TRY(backend_.copy(ws.cand_ids.data(), ws.host_cand_ids.data(), n_cand * sizeof(int32_t),
-                           CopyKind::kHostToDevice));
+  const Tensor ids = ws.cand_ids.view(DType::kI32, {n_cand});
+  backend_.centroid_candidates(
+      {.ids = ids, .logits = cl, .ordering = ws.ordering.view(DType::kI32, {tc.n_vocab}), .k = K});
   const Tensor head = head_ == DraftHeadKind::kUntiedDense ? w_.lm_head : w_.embed;
   const Tensor emb = ws.cand_emb.view(act, {n_cand, tc.d_model});
-  backend_.embedding({.out = emb, .table = head, .ids = ws.cand_ids.view(DType::kI32, {n_cand}), .scale = 1.f});
+  backend_.embedding({.out = emb, .table = head, .ids = ids, .scale = 1.f});
   const Tensor sel = ws.cand_logits.view(act, {1, n_cand});
   backend_.linear({.out = sel, .x = zf, .w = emb, .w_fresh = true});
-  raw.resize(static_cast<size_t>(n_cand) * dtype_size(act));
-  TANDEM_TRY(backend_.copy(raw.data(), sel.data, raw.size(), CopyKind::kDeviceToHost));
+  backend_.argmax({.out = ws.amax.view(DType::kI32, {1}), .x = sel, .ids = ids});
+}
+
+Status Gemma4Assistant::centroid_full_logits(DraftStepResult* out) {
+  // Sampled drafts need the whole distribution: the candidates' logits come back and are scattered over the
+  // vocabulary on the host, unselected tokens at min(selected) - 1 (a Python float, then cast to the activation
+  // dtype), as HF's masked embedder fills them.
+  const TextConfig& tc = cfg_.text;
+  const AssistantConfig& ac = *cfg_.assistant;
+  const DType act = backend_.activation_dtype();
+  Workspace& ws = *ws_;
+  const int64_t n_cand = static_cast<int64_t>(ac.centroid_top_k) * (tc.n_vocab / ac.n_centroids);
+  std::vector<uint8_t> raw(static_cast<size_t>(n_cand) * dtype_size(act));
+  ws.host_cand_ids.resize(static_cast<size_t>(n_cand));
+  TANDEM_TRY(backend_.copy(raw.data(), ws.cand_logits.data(), raw.size(), CopyKind::kDeviceToHost));
+  TANDEM_TRY(backend_.copy(ws.host_cand_ids.data(), ws.cand_ids.data(), ws.host_cand_ids.size() * sizeof(int32_t),
+                           CopyKind::kDeviceToHost));
   TANDEM_TRY(backend_.synchronize());
   ws.host_cand.resize(static_cast<size_t>(n_cand));
-  float best = -INFINITY, lo = INFINITY;
-  int32_t best_id = -1;
+  float lo = INFINITY;
   for (int64_t i = 0; i < n_cand; ++i) {
-    float v = load_as_f32(raw.data(), act, i);
+    const float v = load_as_f32(raw.data(), act, i);
     ws.host_cand[static_cast<size_t>(i)] = v;
-    int32_t id = ws.host_cand_ids[static_cast<size_t>(i)];
-    // HF argmax over the scattered vocabulary picks the lowest token id among equal logits.
-    if (v > best || (v == best && id < best_id)) {
-      best = v;
-      best_id = id;
-    }
     lo = std::min(lo, v);
   }
-  out->argmax = best_id;
-  out->logits = Tensor();
-  if (full_logits) {
-    // Unselected tokens get min(selected) - 1 (a Python float, then cast to the activation dtype).
+  {
     const float fill = round_to_dtype(static_cast<float>(static_cast<double>(lo) - 1.0), act);
     ws.host_full.assign(static_cast<size_t>(tc.n_vocab), fill);
     for (int64_t i = 0; i < n_cand; ++i)

@@ -61,7 +61,11 @@ class Gemma4Assistant {
   struct Workspace;
   explicit Gemma4Assistant(Gemma4Model& target);
   Status check_compatible(const std::string& dir) const;
-  Status centroid_head(const Tensor& zf, bool full_logits, DraftStepResult* out);
+  // The masked embedder's head on the device (part of the captured step): cluster logits, candidates, their
+  // logits and the argmax by token id into ws.amax.
+  void centroid_head_ops(const Tensor& zf);
+  // Sampled drafts: the candidates' logits scattered over the vocabulary (on the host) into out->logits.
+  Status centroid_full_logits(DraftStepResult* out);
   Status run_step(const DraftStepArgs& a);  // the device work of step() after its inputs are uploaded
   void drop_graphs();
 

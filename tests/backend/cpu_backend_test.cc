@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/host_centroid.h"
 #include "kernels/host_tensor.h"
 #include "kernels/ref/ref.h"
 #include "sample/counter_rng.h"
@@ -325,6 +326,57 @@ TEST(CpuBackend, Argmax) {
         EXPECT_EQ(got.values(), want.values());
       }
     }
+  }
+}
+
+TEST(CpuBackend, ArgmaxByIdAndCentroidCandidates) {
+  // The masked embedder's ops: argmax with ids (ties and NaNs to the lowest token id) against the reference, and
+  // centroid_candidates (Backend's host default) against top_clusters and the ordering table.
+  auto be = make_cpu_backend(2);
+  const int64_t n = 12;
+  HostTensor x(kF32, {1, n}), ids(kI32, {n}), got(kI32, {1}), want(kI32, {1});
+  for (int64_t i = 0; i < n; ++i) {
+    x.set(i, static_cast<float>(i % 5));
+    ids.seti(i, static_cast<int32_t>(100 - 7 * i));
+  }
+  // 4 at i = 4 (id 72) and 9 (id 37): the lower id wins.
+  ref::argmax({.out = want, .x = x, .ids = ids});
+  got.poison();
+  be->argmax({.out = got, .x = x, .ids = ids});
+  EXPECT_EQ(want.geti(0), 37);
+  EXPECT_EQ(got.geti(0), 37);
+  x.set(2, std::numeric_limits<float>::quiet_NaN());  // NaNs beat numbers; among them the lower id
+  x.set(6, std::numeric_limits<float>::quiet_NaN());
+  ref::argmax({.out = want, .x = x, .ids = ids});
+  be->argmax({.out = got, .x = x, .ids = ids});
+  EXPECT_EQ(want.geti(0), 58);
+  EXPECT_EQ(got.geti(0), 58);
+
+  const int64_t C = 40, m = 3;
+  const int k = 6;
+  HostTensor logits(kF32, {1, C}), ordering(kI32, {C * m}), cand(kI32, {k * m});
+  std::mt19937 rng(5);
+  logits.fill_uniform(rng, -2, 2);
+  logits.set(7, 3.f);  // a tie for first place (7 before 31), and a NaN above both
+  logits.set(31, 3.f);
+  logits.set(20, std::numeric_limits<float>::quiet_NaN());
+  for (int64_t i = 0; i < C * m; ++i) ordering.seti(i, static_cast<int32_t>((i * 37) % (C * m)));
+  cand.poison();
+  be->centroid_candidates({.ids = cand, .logits = logits, .ordering = ordering, .k = k});
+  std::vector<float> lv(static_cast<size_t>(C));
+  for (int64_t i = 0; i < C; ++i) lv[static_cast<size_t>(i)] = logits.get(i);
+  const std::vector<int> top = top_clusters(lv, k);
+  ASSERT_EQ(top.size(), static_cast<size_t>(k));
+  EXPECT_EQ(top[0], 20);
+  EXPECT_EQ(top[1], 7);
+  EXPECT_EQ(top[2], 31);
+  for (int j = 0; j < k; ++j) {
+    if (j > 2) {
+      EXPECT_GE(lv[static_cast<size_t>(top[static_cast<size_t>(j - 1)])],
+                lv[static_cast<size_t>(top[static_cast<size_t>(j)])]);
+    }
+    for (int64_t i = 0; i < m; ++i)
+      EXPECT_EQ(cand.geti(j * m + i), ordering.geti(top[static_cast<size_t>(j)] * m + i)) << "cluster rank " << j;
   }
 }
 

@@ -7,6 +7,7 @@
 #include <limits>
 #include <random>
 
+#include "backend/host_centroid.h"
 #include "core/strings.h"
 #include "cuda/cuda_fixture.h"
 #include "kernels/ref/ref.h"
@@ -264,6 +265,56 @@ TEST_F(CudaOps, ArgmaxMatchesReferenceWithTiesAndNaN) {
         for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(out.host().geti(r), want.geti(r)) << "row " << r;
         EXPECT_EQ(out.host().geti(0), n / 2);
       }
+    }
+  }
+}
+
+TEST_F(CudaOps, ArgmaxByIdAndCentroidCandidatesMatchTheHost) {
+  // The masked embedder on the device: argmax with ids (ties and NaNs to the lowest token id) over 4096 candidates,
+  // and centroid_candidates over 2048 (and 37) clusters with ties and a NaN, against the host reference.
+  uint32_t seed = 600;
+  for (DType dt : {kBF16, kF32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const int64_t n = 4096;
+    DeviceTensor x(be(), dt, {1, n}), ids(be(), kI32, {n}), out(be(), kI32, {1});
+    fill_random(x.host(), seed++);
+    for (int64_t i = 0; i < n; ++i) ids.host().seti(i, static_cast<int32_t>((i * 2654435761u) % 262144u));
+    x.host().set(100, 9.f);
+    x.host().set(3000, 9.f);
+    for (DeviceTensor* t : {&x, &ids}) t->upload();
+    for (int pass = 0; pass < 2; ++pass) {
+      if (pass == 1) {
+        x.host().set(50, std::numeric_limits<float>::quiet_NaN());
+        x.host().set(4000, std::numeric_limits<float>::quiet_NaN());
+        x.upload();
+      }
+      out.poison();
+      be().argmax({.out = out, .x = x, .ids = ids});
+      out.download();
+      HostTensor want(kI32, {1});
+      ref::argmax({.out = want, .x = x.host(), .ids = ids.host()});
+      EXPECT_EQ(out.host().geti(0), want.geti(0)) << "pass " << pass;
+    }
+    for (int64_t C : {int64_t{2048}, int64_t{37}}) {
+      const int64_t m = C == 2048 ? 128 : 5;
+      const int k = C == 2048 ? 32 : 7;
+      DeviceTensor logits(be(), dt, {1, C}), ordering(be(), kI32, {C * m}), cand(be(), kI32, {k * m});
+      fill_random(logits.host(), seed++);
+      logits.host().set(C / 2, 5.f);
+      logits.host().set(C - 1, 5.f);
+      logits.host().set(3, std::numeric_limits<float>::quiet_NaN());
+      for (int64_t i = 0; i < C * m; ++i) ordering.host().seti(i, static_cast<int32_t>((i * 7919) % (C * m)));
+      for (DeviceTensor* t : {&logits, &ordering}) t->upload();
+      cand.poison();
+      be().centroid_candidates({.ids = cand, .logits = logits, .ordering = ordering, .k = k});
+      cand.download();
+      std::vector<float> lv(static_cast<size_t>(C));
+      for (int64_t i = 0; i < C; ++i) lv[static_cast<size_t>(i)] = logits.host().get(i);
+      const std::vector<int> top = top_clusters(lv, k);
+      for (int j = 0; j < k; ++j)
+        for (int64_t i = 0; i < m; ++i)
+          ASSERT_EQ(cand.host().geti(j * m + i), ordering.host().geti(top[static_cast<size_t>(j)] * m + i))
+              << "clusters " << C << ", rank " << j;
     }
   }
 }

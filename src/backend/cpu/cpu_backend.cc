@@ -230,6 +230,21 @@ void CpuBackend::softcap(const SoftcapArgs& a) {
 void CpuBackend::argmax(const ArgmaxArgs& a) {
   check_act(a.x, "argmax x");
   check_i32(a.out, "argmax out");
+  if (!a.ids.empty()) {  // element i stands for token ids[i]: ties (NaNs included) to the lowest id
+    check_i32(a.ids, "argmax ids");
+    const int64_t n = a.x.dim(-1);
+    TANDEM_CHECK(a.x.rows() == 1 && a.out.numel() == 1 && a.ids.numel() == n && n > 0);
+    const float* x = a.x.ptr<float>();
+    const int32_t* id = a.ids.ptr<int32_t>();
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; ++i) {
+      const bool vn = std::isnan(x[i]), bn = std::isnan(x[best]);
+      if ((vn || bn) ? (vn && (!bn || id[i] < id[best])) : (x[i] > x[best] || (x[i] == x[best] && id[i] < id[best])))
+        best = i;
+    }
+    a.out.ptr<int32_t>()[0] = id[best];
+    return;
+  }
   const int64_t rows = a.x.rows(), n = a.x.dim(-1);
   TANDEM_CHECK(a.out.numel() == rows && n > 0);
 #pragma omp parallel for num_threads(threads_) schedule(static) if (rows > 1)

@@ -519,6 +519,10 @@ void CudaBackend::argmax(const ArgmaxArgs& a) {
   expect_gpu(a.out, index_, "argmax", "out");
   expect_gpu(a.x, index_, "argmax", "x");
   expect_i32(a.out, "argmax", "out");
+  if (!a.ids.empty()) {
+    expect_gpu(a.ids, index_, "argmax", "ids");
+    expect_i32(a.ids, "argmax", "ids");
+  }
   TANDEM_CHECK_MSG(a.x.ndim >= 1 && a.x.dim(-1) > 0 && a.out.numel() == a.x.rows(), "cuda argmax: out %s, x %s",
                    a.out.describe().c_str(), a.x.describe().c_str());
   if (!activate()) return;
@@ -603,6 +607,23 @@ void CudaBackend::attention(const AttentionArgs& a) {
   const int pt = prof_.begin(cuda_stream(current_));
   record(launch_attention(a, scratch(), cuda_stream(current_)));
   if (pt >= 0) prof_.end(pt, cuda_stream(current_), attention_label(a));
+}
+
+void CudaBackend::centroid_candidates(const CentroidCandidatesArgs& a) {
+  expect_gpu(a.ids, index_, "centroid_candidates", "ids");
+  expect_gpu(a.logits, index_, "centroid_candidates", "logits");
+  expect_gpu(a.ordering, index_, "centroid_candidates", "ordering");
+  expect_i32(a.ids, "centroid_candidates", "ids");
+  expect_i32(a.ordering, "centroid_candidates", "ordering");
+  const int64_t C = a.logits.numel();
+  TANDEM_CHECK_MSG(
+      C > 0 && a.k >= 1 && a.k <= C && a.ordering.numel() % C == 0 && a.ids.numel() == a.k * (a.ordering.numel() / C),
+      "cuda centroid_candidates: ids %s, logits %s, ordering %s, k %d", a.ids.describe().c_str(),
+      a.logits.describe().c_str(), a.ordering.describe().c_str(), a.k);
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_centroid_candidates(a, cuda_stream(current_)));
+  if (pt >= 0) prof_.end(pt, cuda_stream(current_), "centroid_candidates");
 }
 
 void CudaBackend::moe_route(const MoeRouteArgs& a) {

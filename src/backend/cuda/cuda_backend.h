@@ -63,6 +63,7 @@ class CudaBackend final : public Backend {
   void scale(const ScaleArgs& a) override;
   void softcap(const SoftcapArgs& a) override;
   void argmax(const ArgmaxArgs& a) override;
+  void centroid_candidates(const CentroidCandidatesArgs& a) override;
   void sample(const SampleArgs& a) override;
   void reject_drafts(const RejectDraftsArgs& a) override;
   void moe_route(const MoeRouteArgs& a) override;

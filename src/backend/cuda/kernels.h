@@ -48,6 +48,8 @@ Status launch_gelu_mul(const GeluMulArgs& a, cudaStream_t stream);
 
 // sampling.cu
 Status launch_argmax(const ArgmaxArgs& a, cudaStream_t stream);
+// The masked embedder's cluster top-k and candidate ids in one block (at most 4096 clusters).
+Status launch_centroid_candidates(const CentroidCandidatesArgs& a, cudaStream_t stream);
 // sampler.cu
 Status launch_sample(const SampleArgs& a, cudaStream_t stream);
 Status launch_reject_drafts(const RejectDraftsArgs& a, cudaStream_t stream);

@@ -306,6 +306,20 @@ void argmax(const ArgmaxArgs& a) {
   check_i32(a.out, "out");
   const int64_t rows = a.x.rows(), n = a.x.dim(-1);
   TANDEM_CHECK(a.out.numel() == rows && n > 0);
+  if (!a.ids.empty()) {  // element i stands for token ids[i]: ties (NaNs included) to the lowest id
+    check_i32(a.ids, "ids");
+    TANDEM_CHECK(rows == 1 && a.ids.numel() == n);
+    const int32_t* id = a.ids.ptr<int32_t>();
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; ++i) {
+      const double v = ld(a.x, i), b = ld(a.x, best);
+      const bool vn = std::isnan(v), bn = std::isnan(b);
+      const bool wins = (vn || bn) ? (vn && (!bn || id[i] < id[best])) : (v > b || (v == b && id[i] < id[best]));
+      if (wins) best = i;
+    }
+    a.out.ptr<int32_t>()[0] = id[best];
+    return;
+  }
   for (int64_t r = 0; r < rows; ++r) {
     int64_t best = 0;
     for (int64_t i = 1; i < n; ++i) {
