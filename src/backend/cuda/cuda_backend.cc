@@ -104,10 +104,13 @@ Status CudaBackend::init() {
     return unsupported(strfmt("%s (sm_%d%d) cannot run this build's kernels (built for CUDA architectures %s): %s",
                               props_.name, props_.major, props_.minor, TANDEM_CUDA_ARCHS, image.message().c_str()));
   }
-  const char* pdl = std::getenv("TANDEM_PDL");
-  set_programmatic_launch(props_.major >= 9 && !(pdl != nullptr && std::string_view(pdl) == "0"));
-  const char* prefetch = std::getenv("TANDEM_WEIGHT_PREFETCH");
-  weight_prefetch().store(!(prefetch != nullptr && std::string_view(prefetch) == "0"));
+  // Switches that are on unless their variable is "0".
+  auto switched_off = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr && std::string_view(v) == "0";
+  };
+  set_programmatic_launch(props_.major >= 9 && !switched_off("TANDEM_PDL"));
+  weight_prefetch().store(!switched_off("TANDEM_WEIGHT_PREFETCH"));
   if (const char* rows = std::getenv("TANDEM_FUSED_GEMV_ROWS")) {
     char* end = nullptr;
     const long n = std::strtol(rows, &end, 10);

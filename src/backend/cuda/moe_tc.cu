@@ -70,8 +70,7 @@ __global__ void __launch_bounds__(kThreads)
   const int* __restrict__ list = tab.pairs + tab.offset[slot];
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const int gq = lane / 4, tq = lane % 4;
-  const int64_t k_dim = P == Part::kGateUp ? s.d_model : s.d_ff;
-  const int64_t act_stride = P == Part::kGateUp ? s.d_model : s.d_ff;
+  const int64_t k_dim = P == Part::kGateUp ? s.d_model : s.d_ff;  // also the length of an activation row
   const int nk = static_cast<int>(k_dim / kBK);
 
   // The tile rows this thread copies: chunks tid and tid + kThreads of 4 x 16 bytes per row.
@@ -90,7 +89,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < kCopies; ++i) {
       const int pr = s_pair[(tid + i * kThreads) / kChunksPerRow];
       const int64_t row = P == Part::kGateUp ? pr / s.k : pr;  // gate_up: the pair's token; down: the pair's h row
-      arow[i] = pr < 0 ? nullptr : act + row * act_stride;
+      arow[i] = pr < 0 ? nullptr : act + row * k_dim;
     }
     auto load_stage = [&](int kt) {
       const int buf = kt % kStages;
