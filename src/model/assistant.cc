@@ -134,7 +134,7 @@ Result<std::unique_ptr<Gemma4Assistant>> Gemma4Assistant::load_from(ModelConfig 
 Status Gemma4Assistant::step(const DraftStepArgs& a, DraftStepResult* out) {
   const TextConfig& tc = cfg_.text;
   const DType act = backend_.activation_dtype();
-  const int64_t Ht = cfg_.assistant->backbone_d_model, d = tc.d_model;
+  const int64_t Ht = cfg_.assistant->backbone_d_model;
   Workspace& ws = *ws_;
   if (!a.cache || a.kv_end <= 0 || a.kv_end > a.cache->length())
     return invalid_argument("draft step: the target cache must hold positions [0, kv_end)");

@@ -441,8 +441,6 @@ Status launch_nw(const DecodeParams& p, int nt, const DecodeShape& s, const Scra
   }
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 }  // namespace
 
 bool attention_decode_applies(const AttentionArgs& a) {

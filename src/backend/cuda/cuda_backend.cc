@@ -110,7 +110,7 @@ Status CudaBackend::init() {
     return v != nullptr && std::string_view(v) == "0";
   };
   set_programmatic_launch(props_.major >= 9 && !switched_off("TANDEM_PDL"));
-  weight_prefetch().store(!switched_off("TANDEM_WEIGHT_PREFETCH"));
+  set_weight_prefetch(!switched_off("TANDEM_WEIGHT_PREFETCH"));
   if (const char* rows = std::getenv("TANDEM_FUSED_GEMV_ROWS")) {
     char* end = nullptr;
     const long n = std::strtol(rows, &end, 10);

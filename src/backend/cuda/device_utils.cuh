@@ -12,6 +12,9 @@
 
 namespace tandem::cuda {
 
+// Whether p is 16-byte aligned (the vector loads and cp.async of the kernels need it).
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 inline constexpr int kWarp = 32;
 
 // Compile-time element access (templated kernels).

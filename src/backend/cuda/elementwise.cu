@@ -46,7 +46,6 @@ __global__ void softcap_kernel(Operand x, float cap, int64_t n) {
   }
 }
 
-
 // up's rows may be strided (up_stride >= dim elements; = dim when contiguous).
 __global__ void gelu_mul_kernel(Operand out, Operand gate, Operand up, int64_t dim, int64_t up_stride, int64_t n) {
   pdl_enter();

@@ -66,8 +66,6 @@ Status simple_x(const LinearArgs& a, cudaStream_t stream) {
 
 bool f32_or_bf16(DType t) { return t == DType::kF32 || t == DType::kBF16; }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // cuBLASLt takes bf16 operands whose rows (and pointers) are 16-byte aligned: TMA and the tensor-core kernels
 // need it, and heuristics are asked for exactly that alignment.
 bool cublaslt_eligible(const LinearArgs& a) {

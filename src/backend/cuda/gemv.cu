@@ -168,8 +168,7 @@ Status launch_rows(GemvSegs segs, const LinearArgs& a, const void* w2, int sm_co
     }
     // Decode products over rows of at most two chunks per thread request weights before the PDL wait (kEarlyW:
     // more registers, so not for the long rows, where the ramp matters less than the occupancy).
-    const bool early =
-        T == 1 && weight_prefetch().load(std::memory_order_relaxed) && !a.w_fresh && n_in / 8 <= 2 * kThreads;
+    const bool early = T == 1 && weight_prefetch() && !a.w_fresh && n_in / 8 <= 2 * kThreads;
     auto* kernel = early ? gemv_kernel<T, R, TO, M, T == 1> : gemv_kernel<T, R, TO, M, false>;
     launch_kernel(kernel, static_cast<unsigned>(blocks), kThreads, 0, stream, segs, static_cast<const bf16*>(a.x.data),
                   static_cast<const bf16*>(w2), n_in, a.alpha, a.accumulate, static_cast<const TO*>(up), up_stride);
@@ -230,14 +229,15 @@ Status launch_tokens(const GemvSegs& segs, const LinearArgs& a, int sm_count, cu
                    [&](auto t) { return launch_rows<decltype(t)::value, TO>(segs, a, nullptr, sm_count, stream); });
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-}  // namespace
-
-std::atomic<bool>& weight_prefetch() {
+std::atomic<bool>& weight_prefetch_flag() {
   static std::atomic<bool> on{true};
   return on;
 }
+
+}  // namespace
+
+void set_weight_prefetch(bool on) { weight_prefetch_flag().store(on, std::memory_order_relaxed); }
+bool weight_prefetch() { return weight_prefetch_flag().load(std::memory_order_relaxed); }
 
 bool gemv_eligible(const LinearArgs& a) {
   const int64_t rows = a.x.rows();

@@ -6,7 +6,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <atomic>
 #include <cstddef>
 #include <span>
 
@@ -75,9 +74,11 @@ Status launch_attention(const AttentionArgs& a, const Scratch& scratch, cudaStre
 Status launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
 Status launch_moe_experts(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream_t stream);
 // gemv.cu: decode/verify products (1..9 bf16 rows, bf16 weights, K % 8 == 0, 16-byte aligned w and x).
-// weight_prefetch(): whether the GEMV kernels request their first weight chunks before waiting for the kernel before
-// them (programmatic dependent launch; never for a LinearArgs with w_fresh). On unless TANDEM_WEIGHT_PREFETCH=0.
-std::atomic<bool>& weight_prefetch();
+// set_weight_prefetch / weight_prefetch: whether the GEMV kernels request their first weight chunks before waiting for
+// the kernel before them (programmatic dependent launch; never for a LinearArgs with w_fresh). On unless
+// TANDEM_WEIGHT_PREFETCH=0.
+void set_weight_prefetch(bool on);
+bool weight_prefetch();
 bool gemv_eligible(const LinearArgs& a);
 Status launch_gemv(const LinearArgs& a, int sm_count, cudaStream_t stream);
 // The fused products below take 1..max_rows rows (CudaBackend's fused_gemv_rows(), at most 9).

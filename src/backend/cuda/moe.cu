@@ -432,7 +432,6 @@ __global__ void __launch_bounds__(kThreads)
   out[t * s.d_model + o] = from_f32<TO>(acc);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 // Rows per block (4, 2 or 1; each block covers rows_per_r * R rows): the most that still gives every SM

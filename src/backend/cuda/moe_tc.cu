@@ -165,8 +165,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 bool moe_tc_applies(const MoeShape& s, DType weights, DType act, const void* gate_up, const void* down, const void* x) {

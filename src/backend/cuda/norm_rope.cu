@@ -209,8 +209,6 @@ __global__ void rms_norm_jobs_kernel(NormJobs jobs, int64_t dim) {
   rms_norm_row<TX, TO, V>(static_cast<TO*>(j.out), static_cast<const TX*>(j.x), j.w, j.e, dim, j.eps, blockIdx.x);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // Launch geometry of the norm's reduction, from x alone (so the fused variants reduce in the same order as the
 // plain op on the same x): V = 8 when every row of x is 16-byte aligned, and one thread per V elements (whole warps,
 // at most 1024).
