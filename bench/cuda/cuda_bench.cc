@@ -3,7 +3,8 @@
 // rms_norm, its fused epilogues at decode size, then attention (31B and E2B full/sliding decode and verify, long and
 // short contexts), MoE (26B-A4B routing + experts) and sampling (argmax, sample, reject_drafts), printing achieved
 // GB/s (TFLOP/s for the large GEMM) and the ratio to the floor measured in this run.
-// Usage: cuda_bench [--quick | --attention] (--attention: the copy floor and the attention shapes only). Exits 0
+// Usage: cuda_bench [--quick | --attention | --moe] (--attention / --moe: the copy floor and that section's shapes
+// only). Exits 0
 // with a message when there is no GPU, 1 on any device error.
 #include <cuda_runtime_api.h>
 
@@ -255,7 +256,9 @@ bool bench_fused_norm(CudaBackend& be, int iters) {
   return be.synchronize().ok();
 }
 
-int run(bool quick, bool attention_only) {
+enum class Section : uint8_t { kAll, kAttention, kMoe };
+
+int run(bool quick, Section section) {
   auto made = CudaBackend::create(0);
   if (!made.ok()) {
     const bool has_gpu = cuda::device_count() > 0;  // a GPU the backend cannot use is a failure, not a skip
@@ -285,7 +288,8 @@ int run(bool quick, bool attention_only) {
 
   std::printf("\n%-44s %10s %10s %10s %12s\n", "op", "ms", "GB/s", "TFLOP/s", "floor ratio");
   std::printf("%-44s %10.3f %10.0f %10s %12s\n", "copy D2D 1 GiB (read + write)", copy_ms, copy_gbs, "-", "1.00");
-  if (attention_only) return bench_attention(be, iters, copy_gbs) && be.synchronize().ok() ? 0 : 1;
+  if (section == Section::kAttention) return bench_attention(be, iters, copy_gbs) && be.synchronize().ok() ? 0 : 1;
+  if (section == Section::kMoe) return bench_moe(be, iters, copy_gbs) && be.synchronize().ok() ? 0 : 1;
 
   // 31B's gate/up [21504, 5376] and down [5376, 21504] (both 231 MB, far over the 60 MB L2): the GEMV kernel and
   // cuBLASLt at every decode/verify size, cuBLASLt alone beyond.
@@ -354,6 +358,9 @@ int run(bool quick, bool attention_only) {
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  const bool attention_only = argc > 1 && std::strcmp(argv[1], "--attention") == 0;
-  return tandem::run(quick, attention_only);
+  using tandem::Section;
+  const Section section = argc > 1 && std::strcmp(argv[1], "--attention") == 0 ? Section::kAttention
+                          : argc > 1 && std::strcmp(argv[1], "--moe") == 0    ? Section::kMoe
+                                                                               : Section::kAll;
+  return tandem::run(quick, section);
 }

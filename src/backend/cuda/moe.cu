@@ -23,6 +23,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
@@ -445,6 +447,26 @@ int pick_rows(int64_t rows, int64_t rows_per_r, int64_t slots, int sm_count) {
   return 1;
 }
 
+// TANDEM_MOE_ROWS="gu,dn" (a tuning knob, each 1, 2 or 4; 0 or absent: pick_rows) pins the rows per block of the
+// gate_up and down kernels (GEMV-style path). Read once.
+struct ForcedRows {
+  int gate_up = 0, down = 0;
+};
+ForcedRows forced_rows() {
+  static const ForcedRows f = [] {
+    ForcedRows r;
+    const char* e = std::getenv("TANDEM_MOE_ROWS");
+    int gu = 0, dn = 0;
+    auto ok = [](int v) { return v == 0 || v == 1 || v == 2 || v == 4; };
+    if (e != nullptr && std::sscanf(e, "%d,%d", &gu, &dn) == 2 && ok(gu) && ok(dn)) {
+      r.gate_up = gu;
+      r.down = dn;
+    }
+    return r;
+  }();
+  return f;
+}
+
 // Calls f(integral_constant R, integral_constant P) for R in {1, 2, 4}, P in {1, 2, 4}.
 template <class F>
 void with_rows_pairs(int r, int p, F&& f) {
@@ -540,7 +562,8 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
         TANDEM_TRY(launch_moe_tc_down(y, tab, h16, down, s, slots, stream));
       }
     } else {
-      const int r_gu = vec_gu ? pick_rows(s.d_ff, 1, slots, scratch.sm_count) : 1;
+      const ForcedRows forced = forced_rows();
+      const int r_gu = !vec_gu ? 1 : (forced.gate_up > 0 ? forced.gate_up : pick_rows(s.d_ff, 1, slots, scratch.sm_count));
       const dim3 gu_grid(static_cast<unsigned>(std::max<int64_t>(1, (s.d_ff + r_gu - 1) / r_gu)),
                          static_cast<unsigned>(slots));
       with_rows_pairs(r_gu, pairs_per_pass, [&](auto rt, auto pt) {
@@ -556,7 +579,8 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
       });
       TANDEM_CUDA_TRY_LAUNCH();
 
-      const int r_dn = vec_down ? pick_rows(s.d_model, kWarps, slots, scratch.sm_count) : 1;
+      const int r_dn =
+          !vec_down ? 1 : (forced.down > 0 ? forced.down : pick_rows(s.d_model, kWarps, slots, scratch.sm_count));
       const dim3 dn_grid(static_cast<unsigned>((s.d_model + kWarps * r_dn - 1) / (kWarps * r_dn)),
                          static_cast<unsigned>(slots));
       with_rows_pairs(r_dn, pairs_per_pass, [&](auto rt, auto pt) {
