@@ -79,7 +79,8 @@ fi
 for ab in $ab_list; do
   ab_arch=${ab%%:*}
   ab_env=${ab#*:}
-  run_step "bench $ab_arch $ab_env" 30 "bench_ab_${ab_arch}_${ab_env%%=*}.txt" env "$ab_env" $B/tandem bench \
+  # The log's name holds the setting's value too (two values of one switch get two logs).
+  run_step "bench $ab_arch $ab_env" 30 "bench_ab_${ab_arch}_${ab_env//[^A-Za-z0-9_]/_}.txt" env "$ab_env" $B/tandem bench \
     --device cuda --arch "$ab_arch" --iters 10 --max-k 8
 done
 snap
