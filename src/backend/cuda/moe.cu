@@ -41,6 +41,7 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kMaxTopK = 32;          // largest k the kernels take (Gemma 4 26B-A4B uses 8)
 constexpr int kRouteWarps = 4;        // tokens per routing block
+constexpr int kMaxRouteExperts = 1024;  // experts moe_route takes (its logits live in registers, 32 per lane)
 
 // Whether expert (v, i) ranks before (bv, bi): larger logit first, equal logits by lower index; i < 0 = none.
 __device__ __forceinline__ bool ranks_before(float v, int i, float bv, int bi) {
@@ -49,8 +50,10 @@ __device__ __forceinline__ bool ranks_before(float v, int i, float bv, int bi) {
   return v > bv || (v == bv && i < bi);
 }
 
-// One warp per token. The j-th pick is the best expert ranking after the (j-1)-th, so nothing needs marking.
-template <class TL>
+// One warp per token. The token's logits are read once into registers (lane l holds experts l, l + 32, ...; at most
+// kMaxRouteExperts); the j-th pick is the best expert ranking after the (j-1)-th, so nothing needs marking. The
+// max and the softmax denominator add the same values in the same order for every PER_LANE.
+template <class TL, int PER_LANE>
 __global__ void moe_route_kernel(int32_t* idx, float* weights, const TL* logits, const void* pes, DType pes_dtype,
                                  int64_t n_tok, int n_exp, int k) {
   pdl_enter();
@@ -58,11 +61,21 @@ __global__ void moe_route_kernel(int32_t* idx, float* weights, const TL* logits,
   const int64_t t = blockIdx.x * static_cast<int64_t>(kRouteWarps) + threadIdx.x / kWarp;
   if (t >= n_tok) return;  // the whole warp leaves together
   const TL* lr = logits + t * n_exp;
+  float lv[PER_LANE];
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i) {
+    const int e = lane + i * kWarp;
+    lv[i] = e < n_exp ? to_f32(lr[e]) : 0.f;
+  }
   float mx = -INFINITY;
-  for (int e = lane; e < n_exp; e += kWarp) mx = fmaxf(mx, to_f32(lr[e]));
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i)
+    if (lane + i * kWarp < n_exp) mx = fmaxf(mx, lv[i]);
   mx = warp_max(mx);
   float total = 0.f;
-  for (int e = lane; e < n_exp; e += kWarp) total += expf(to_f32(lr[e]) - mx);
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i)
+    if (lane + i * kWarp < n_exp) total += expf(lv[i] - mx);
   total = warp_sum(total);
 
   // Pick j is kept in lane j's registers (k <= 32), so the epilogue below reads every per-expert scale at once
@@ -72,9 +85,11 @@ __global__ void moe_route_kernel(int32_t* idx, float* weights, const TL* logits,
   for (int j = 0; j < k; ++j) {
     float best_v = 0.f;
     int best_i = -1;
-    for (int e = lane; e < n_exp; e += kWarp) {
-      const float v = to_f32(lr[e]);
-      if ((prev_i < 0 || ranks_before(prev_v, prev_i, v, e)) && ranks_before(v, e, best_v, best_i)) {
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+      const int e = lane + i * kWarp;
+      const float v = lv[i];
+      if (e < n_exp && (prev_i < 0 || ranks_before(prev_v, prev_i, v, e)) && ranks_before(v, e, best_v, best_i)) {
         best_v = v;
         best_i = e;
       }
@@ -616,18 +631,28 @@ Status launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
     return unsupported(strfmt("cuda moe_route: weights dtype %s (f32 only)", dtype_name(a.weights.dtype)));
   if (a.k > kMaxTopK) return unsupported(strfmt("cuda moe_route: k = %d (at most %d)", a.k, kMaxTopK));
   const int64_t n_tok = a.logits.rows(), n_exp = a.logits.dim(-1);
+  if (n_exp > kMaxRouteExperts)
+    return unsupported(
+        strfmt("cuda moe_route: %lld experts (at most %d)", static_cast<long long>(n_exp), kMaxRouteExperts));
   if (n_tok == 0) return ok_status();
   const auto grid = static_cast<unsigned>((n_tok + kRouteWarps - 1) / kRouteWarps);
   auto* idx = static_cast<int32_t*>(a.idx.data);
   auto* w = static_cast<float*>(a.weights.data);
+  auto go = [&](auto logits_tag, auto lanes_tag) {
+    using TL = decltype(logits_tag);
+    constexpr int kPerLane = decltype(lanes_tag)::value;
+    launch_kernel(moe_route_kernel<TL, kPerLane>, grid, kRouteWarps * kWarp, 0, stream, idx, w,
+                  static_cast<const TL*>(a.logits.data), a.per_expert_scale.data, pt, n_tok, static_cast<int>(n_exp),
+                  a.k);
+  };
+  // Four logits per lane cover Gemma 4's 128 experts; more take the widest variant.
+  using Small = std::integral_constant<int, 4>;
+  using Wide = std::integral_constant<int, kMaxRouteExperts / kWarp>;
+  const bool small = n_exp <= 4 * kWarp;
   if (a.logits.dtype == DType::kBF16) {
-    launch_kernel(moe_route_kernel<bf16>, grid, kRouteWarps * kWarp, 0, stream, idx, w,
-                  static_cast<const bf16*>(a.logits.data), a.per_expert_scale.data, pt, n_tok, static_cast<int>(n_exp),
-                  a.k);
+    small ? go(bf16{}, Small{}) : go(bf16{}, Wide{});
   } else {
-    launch_kernel(moe_route_kernel<float>, grid, kRouteWarps * kWarp, 0, stream, idx, w,
-                  static_cast<const float*>(a.logits.data), a.per_expert_scale.data, pt, n_tok, static_cast<int>(n_exp),
-                  a.k);
+    small ? go(float{}, Small{}) : go(float{}, Wide{});
   }
   TANDEM_CUDA_TRY_LAUNCH();
   return ok_status();
