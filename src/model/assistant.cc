@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "core/log.h"
 #include "core/strings.h"
@@ -287,22 +286,22 @@ Status Gemma4Assistant::centroid_full_logits(DraftStepResult* out) {
     ws.host_cand[static_cast<size_t>(i)] = v;
     lo = std::min(lo, v);
   }
-  {
-    const float fill = round_to_dtype(static_cast<float>(static_cast<double>(lo) - 1.0), act);
-    ws.host_full.assign(static_cast<size_t>(tc.n_vocab), fill);
-    for (int64_t i = 0; i < n_cand; ++i)
-      ws.host_full[static_cast<size_t>(ws.host_cand_ids[static_cast<size_t>(i)])] = ws.host_cand[static_cast<size_t>(i)];
-    std::vector<uint8_t> packed(static_cast<size_t>(tc.n_vocab) * dtype_size(act));
-    for (int i = 0; i < tc.n_vocab; ++i) {
-      float v = ws.host_full[static_cast<size_t>(i)];
-      if (act == DType::kF32) reinterpret_cast<float*>(packed.data())[i] = v;
-      else reinterpret_cast<uint16_t*>(packed.data())[i] = act == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
-    }
-    const Tensor logits = ws.logits.view(act, {1, tc.n_vocab});
-    TANDEM_TRY(backend_.copy(logits.data, packed.data(), packed.size(), CopyKind::kHostToDevice));
-    TANDEM_TRY(backend_.synchronize());
-    out->logits = logits;
+  const float fill = round_to_dtype(static_cast<float>(static_cast<double>(lo) - 1.0), act);
+  ws.host_full.assign(static_cast<size_t>(tc.n_vocab), fill);
+  for (int64_t i = 0; i < n_cand; ++i)
+    ws.host_full[static_cast<size_t>(ws.host_cand_ids[static_cast<size_t>(i)])] = ws.host_cand[static_cast<size_t>(i)];
+  std::vector<uint8_t> packed(static_cast<size_t>(tc.n_vocab) * dtype_size(act));
+  for (int i = 0; i < tc.n_vocab; ++i) {
+    float v = ws.host_full[static_cast<size_t>(i)];
+    if (act == DType::kF32)
+      reinterpret_cast<float*>(packed.data())[i] = v;
+    else
+      reinterpret_cast<uint16_t*>(packed.data())[i] = act == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
   }
+  const Tensor logits = ws.logits.view(act, {1, tc.n_vocab});
+  TANDEM_TRY(backend_.copy(logits.data, packed.data(), packed.size(), CopyKind::kHostToDevice));
+  TANDEM_TRY(backend_.synchronize());
+  out->logits = logits;
   return backend_.last_error();
 }
 

@@ -41,7 +41,8 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kMaxTopK = 32;          // largest k the kernels take (Gemma 4 26B-A4B uses 8)
 constexpr int kRouteWarps = 4;        // tokens per routing block
-constexpr int kMaxRouteExperts = 1024;  // experts moe_route takes (its logits live in registers, 32 per lane)
+// Largest n_experts moe_route (its logits in registers, 32 per lane) and the in-block grouping take (Gemma 4 has 128).
+constexpr int kMaxExperts = 1024;
 
 // Whether expert (v, i) ranks before (bv, bi): larger logit first, equal logits by lower index; i < 0 = none.
 __device__ __forceinline__ bool ranks_before(float v, int i, float bv, int bi) {
@@ -51,7 +52,7 @@ __device__ __forceinline__ bool ranks_before(float v, int i, float bv, int bi) {
 }
 
 // One warp per token. The token's logits are read once into registers (lane l holds experts l, l + 32, ...; at most
-// kMaxRouteExperts); the j-th pick is the best expert ranking after the (j-1)-th, so nothing needs marking. The
+// kMaxExperts); the j-th pick is the best expert ranking after the (j-1)-th, so nothing needs marking. The
 // max and the softmax denominator add the same values in the same order for every PER_LANE.
 template <class TL, int PER_LANE>
 __global__ void moe_route_kernel(int32_t* idx, float* weights, const TL* logits, const void* pes, DType pes_dtype,
@@ -130,7 +131,6 @@ __global__ void moe_route_kernel(int32_t* idx, float* weights, const TL* logits,
 
 constexpr int kThreads = 256;                // threads per expert block
 constexpr int kWarps = kThreads / kWarp;
-constexpr int kMaxExperts = 1024;            // largest n_experts the in-block grouping takes (Gemma 4 has 128)
 constexpr int kMaxChunkPairs = 2048;         // (token, slot) pairs per chunk: bounds the grouping's shared memory
 constexpr int64_t kBlocksPerSm = 4;          // rows per block shrink until the grid fills every SM this often
 constexpr int64_t kTcMinTokens = 32;         // chunks of this many tokens take the tensor-core kernels (moe_tc.cu)
@@ -631,9 +631,8 @@ Status launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
     return unsupported(strfmt("cuda moe_route: weights dtype %s (f32 only)", dtype_name(a.weights.dtype)));
   if (a.k > kMaxTopK) return unsupported(strfmt("cuda moe_route: k = %d (at most %d)", a.k, kMaxTopK));
   const int64_t n_tok = a.logits.rows(), n_exp = a.logits.dim(-1);
-  if (n_exp > kMaxRouteExperts)
-    return unsupported(
-        strfmt("cuda moe_route: %lld experts (at most %d)", static_cast<long long>(n_exp), kMaxRouteExperts));
+  if (n_exp > kMaxExperts)
+    return unsupported(strfmt("cuda moe_route: %lld experts (at most %d)", static_cast<long long>(n_exp), kMaxExperts));
   if (n_tok == 0) return ok_status();
   const auto grid = static_cast<unsigned>((n_tok + kRouteWarps - 1) / kRouteWarps);
   auto* idx = static_cast<int32_t*>(a.idx.data);
@@ -647,7 +646,7 @@ Status launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
   };
   // Four logits per lane cover Gemma 4's 128 experts; more take the widest variant.
   using Small = std::integral_constant<int, 4>;
-  using Wide = std::integral_constant<int, kMaxRouteExperts / kWarp>;
+  using Wide = std::integral_constant<int, kMaxExperts / kWarp>;
   const bool small = n_exp <= 4 * kWarp;
   if (a.logits.dtype == DType::kBF16) {
     small ? go(bf16{}, Small{}) : go(bf16{}, Wide{});
