@@ -91,12 +91,10 @@ void processed_probs(std::span<const float> logits, const SamplingParams& params
   float max_logit = logit(idx[0]);
   for (int32_t i : idx) max_logit = std::max(max_logit, logit(i));
   const double mx = static_cast<double>(max_logit) * inv_t;
-  // A candidate's weight is recomputed where it is needed (the same expression, so the same double each time)
-  // rather than stored in a vocabulary-sized vector per call.
-  auto weight = [&](int32_t i) { return std::exp(static_cast<double>(logit(i)) * inv_t - mx); };
+  std::vector<double> weight(n);  // by id, for the candidates (each exp once: the loops below read it 2-3 times)
   double sum = 0.0;
-  for (int32_t i : idx) sum += weight(i);
-  auto prob = [&](int32_t i) { return weight(i) / sum; };
+  for (int32_t i : idx) sum += weight[static_cast<size_t>(i)] = std::exp(static_cast<double>(logit(i)) * inv_t - mx);
+  auto prob = [&](int32_t i) { return weight[static_cast<size_t>(i)] / sum; };
   size_t cut = idx.size();
   if (params.top_p < 1.f) {
     // The smallest prefix (by logit) with mass >= top_p, plus the tokens tied with its last one (as in top-k).
