@@ -111,6 +111,13 @@ Status CudaBackend::init() {
   };
   set_programmatic_launch(props_.major >= 9 && !switched_off("TANDEM_PDL"));
   set_weight_prefetch(!switched_off("TANDEM_WEIGHT_PREFETCH"));
+  if (const char* fit = std::getenv("TANDEM_GEMV_FIT")) {
+    if (std::string_view(fit) == "0" || std::string_view(fit) == "1" || std::string_view(fit) == "2") {
+      set_gemv_fit(fit[0] - '0');
+    } else {
+      TANDEM_LOG_WARN("TANDEM_GEMV_FIT=%s ignored (0, 1 or 2)", fit);
+    }
+  }
   if (const char* rows = std::getenv("TANDEM_FUSED_GEMV_ROWS")) {
     char* end = nullptr;
     const long n = std::strtol(rows, &end, 10);

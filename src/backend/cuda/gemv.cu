@@ -1,13 +1,15 @@
 // linear() for decode and verify on the GPU: out[T, N] = alpha * x[T, K] @ w[N, K]^T (+ out) for T = 1..9 bf16
 // rows against bf16 weights, where reading w once at full memory bandwidth is all that matters (gemm.h picks it).
-// Each block owns R consecutive output rows; its 256 threads stride together over K in 16-byte chunks, so every
-// weight row streams through as 4 KB coalesced reads with R independent loads in flight per thread; x (a few KB)
-// comes from L1/L2. Products accumulate in f32 per thread, then a warp and a block reduction; the output is
-// rounded once (ops.h, spec §1.13). The GeGLU variant (geglu op) streams R rows of w_gate and the same R rows of
-// w_up together and writes gelu(round(g)) * round(u), rounded as linear, linear, gelu_mul would round; the
-// linear_gelu_mul variant writes gelu(round(g)) * up with up read from memory, as linear then gelu_mul round.
+// Each block owns R consecutive output rows; its threads stride together over K in 16-byte chunks, so every
+// weight row streams through as coalesced reads with R independent loads in flight per thread; x (a few KB) comes
+// from L1/L2. Short rows take blocks of fewer threads (K = 1536: 192; block_threads). Products accumulate in f32
+// per thread, then a warp and a block reduction; the output is rounded once (ops.h, spec §1.13). The GeGLU variant
+// (geglu op) streams R rows of w_gate and the same R rows of w_up together and writes gelu(round(g)) * round(u),
+// rounded as linear, linear, gelu_mul would round; the linear_gelu_mul variant writes gelu(round(g)) * up with up
+// read from memory, as linear then gelu_mul round.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 
@@ -21,8 +23,8 @@ namespace tandem::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / kWarp;
+constexpr int kMaxThreads = 512;
+constexpr int kMaxWarps = kMaxThreads / kWarp;
 constexpr int kMaxTokens = 9;
 
 // The output rows of one launch: up to kMaxLinearGroup matrices of the same x (linear_group), segment i taking the
@@ -46,11 +48,12 @@ __device__ __forceinline__ V seg_at(const V (&a)[kMaxLinearGroup], int si) {
 // w_up = w2 in acc[1]). up (M = 1, one segment, or null): the linear_gelu_mul epilogue, row t of up at
 // up + t * up_stride.
 template <int T, int R, class TO, int M, bool kEarlyW>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kMaxThreads)
     gemv_kernel(GemvSegs segs, const bf16* __restrict__ x, const bf16* __restrict__ w2, int64_t n_in, float alpha,
                 bool accumulate, const TO* __restrict__ up, int64_t up_stride) {
   if constexpr (!kEarlyW) pdl_enter();
-  __shared__ float partial[kWarps][M * R * T];
+  __shared__ float partial[kMaxWarps][M * R * T];
+  const int threads = static_cast<int>(blockDim.x), warps = threads / kWarp;
   int si = 0;
 #pragma unroll
   for (int i = 1; i < kMaxLinearGroup; ++i)
@@ -102,10 +105,10 @@ __global__ void __launch_bounds__(kThreads)
     if (c < chunks) load_w(wc, c);
     pdl_enter();
     if (c < chunks) accumulate_chunk(wc, c);
-    c += kThreads;
+    c += threads;
   }
 #pragma unroll 2
-  for (; c < chunks; c += kThreads) {
+  for (; c < chunks; c += threads) {
     uint4 wc[M][R];
     load_w(wc, c);
     accumulate_chunk(wc, c);
@@ -122,18 +125,18 @@ __global__ void __launch_bounds__(kThreads)
         if (lane == 0) partial[warp][(m * R + r) * T + t] = v;
       }
   __syncthreads();
-  for (int i = threadIdx.x; i < R * T; i += kThreads) {
+  for (int i = threadIdx.x; i < R * T; i += threads) {
     const int r = i / T, t = i % T;
     const int64_t o = row0 + r;
     if (o >= n_out) continue;
     float s = 0.f;
 #pragma unroll
-    for (int j = 0; j < kWarps; ++j) s += partial[j][i];
+    for (int j = 0; j < warps; ++j) s += partial[j][i];
     TO* dst = out + static_cast<int64_t>(t) * n_out + o;
     if constexpr (M == 2) {
       float u = 0.f;
 #pragma unroll
-      for (int j = 0; j < kWarps; ++j) u += partial[j][R * T + i];
+      for (int j = 0; j < warps; ++j) u += partial[j][R * T + i];
       const float g = to_f32(from_f32<TO>(s)), up = to_f32(from_f32<TO>(u));  // the two products, rounded
       *dst = from_f32<TO>(to_f32(from_f32<TO>(gelu_tanh(g))) * up);
     } else {
@@ -146,6 +149,26 @@ __global__ void __launch_bounds__(kThreads)
       *dst = from_f32<TO>(y);
     }
   }
+}
+
+std::atomic<int>& fit_mode() {
+  static std::atomic<int> m{1};
+  return m;
+}
+
+// Threads per block for rows of `chunks` 16-byte chunks (set_gemv_fit): the whole warps that cover the row in one
+// pass, for rows of at most kFitDefault chunks (mode 1, the default: K = 1536 takes 192 threads, K = 256 one warp
+// instead of seven idle ones, K = 2560 320 threads instead of two passes of 256) or of at most kMaxThreads (mode
+// 2); 256 for longer rows and in mode 0. Measured on the H200 (bench/RESULTS.md runs R-T): one-pass blocks of 352
+// and 512 threads (26B-A4B's K = 2816 and 4096) and two-pass ones (31B's K = 5376) ran slower than 256 threads.
+// The reduction order depends on this count only, never on the rows T, so a verify pass still adds like a decode
+// step.
+constexpr int64_t kFitDefault = 320;
+int block_threads(int64_t chunks) {
+  const int mode = fit_mode().load(std::memory_order_relaxed);
+  const int64_t most = mode == 1 ? kFitDefault : (mode == 2 ? kMaxThreads : 0);
+  if (chunks > most) return 256;
+  return static_cast<int>(std::max<int64_t>((chunks + kWarp - 1) / kWarp * kWarp, kWarp));
 }
 
 // w2 = nullptr: linear or linear_group; else geglu with segs.w[0] = w_gate, w2 = w_up. up: the linear_gelu_mul
@@ -166,11 +189,12 @@ Status launch_rows(GemvSegs segs, const LinearArgs& a, const void* w2, int sm_co
       segs.first_block[i] = blocks;
       blocks += (segs.n_out[i] + R - 1) / R;
     }
-    // Decode products over rows of at most two chunks per thread request weights before the PDL wait (kEarlyW:
+    // Decode products over rows of at most 512 chunks (K <= 4096) request weights before the PDL wait (kEarlyW:
     // more registers, so not for the long rows, where the ramp matters less than the occupancy).
-    const bool early = T == 1 && weight_prefetch() && !a.w_fresh && n_in / 8 <= 2 * kThreads;
+    const int threads = block_threads(n_in / 8);
+    const bool early = T == 1 && weight_prefetch() && !a.w_fresh && n_in / 8 <= 512;
     auto* kernel = early ? gemv_kernel<T, R, TO, M, T == 1> : gemv_kernel<T, R, TO, M, false>;
-    launch_kernel(kernel, static_cast<unsigned>(blocks), kThreads, 0, stream, segs, static_cast<const bf16*>(a.x.data),
+    launch_kernel(kernel, static_cast<unsigned>(blocks), threads, 0, stream, segs, static_cast<const bf16*>(a.x.data),
                   static_cast<const bf16*>(w2), n_in, a.alpha, a.accumulate, static_cast<const TO*>(up), up_stride);
     TANDEM_CUDA_TRY_LAUNCH();
     return ok_status();
@@ -237,6 +261,7 @@ std::atomic<bool>& weight_prefetch_flag() {
 }  // namespace
 
 void set_weight_prefetch(bool on) { weight_prefetch_flag().store(on, std::memory_order_relaxed); }
+void set_gemv_fit(int mode) { fit_mode().store(mode, std::memory_order_relaxed); }
 bool weight_prefetch() { return weight_prefetch_flag().load(std::memory_order_relaxed); }
 
 bool gemv_eligible(const LinearArgs& a) {

@@ -79,6 +79,9 @@ Status launch_moe_experts(const MoeExpertsArgs& a, const Scratch& scratch, cudaS
 // TANDEM_WEIGHT_PREFETCH=0.
 void set_weight_prefetch(bool on);
 bool weight_prefetch();
+// GEMV threads per block (gemv.cu block_threads): 0 = always 256; 1 (the default) = one pass of whole warps over
+// rows of up to 320 16-byte chunks (K <= 2560); 2 = the same up to 512 chunks. TANDEM_GEMV_FIT=N sets it.
+void set_gemv_fit(int mode);
 bool gemv_eligible(const LinearArgs& a);
 Status launch_gemv(const LinearArgs& a, int sm_count, cudaStream_t stream);
 // The fused products below take 1..max_rows rows (CudaBackend's fused_gemv_rows(), at most 9).
