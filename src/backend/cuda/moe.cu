@@ -10,7 +10,8 @@
 //  1. gate_up: block (rows, slot) takes the slot-th distinct expert e, streams R rows of G_e and the same R rows of
 //     U_e once in 16-byte chunks with all 256 threads striding over d_model, and writes
 //     h = gelu_tanh(G_e x_t) * (U_e x_t) for every pair of e (x rows from L1/L2), gate, up and h rounded to the
-//     activation dtype as HF's tensors are; h is f32 storage in the stream's workspace.
+//     activation dtype as HF's tensors are, and h stored in that dtype in the stream's workspace (nothing is lost;
+//     the down kernel reads half the bytes for bf16, and the tensor-core path stores the same bf16 h).
 //  2. down: y[pair] = D_e h[pair] in f32, each warp streaming R rows of D_e (rows of d_ff are short).
 //  3. combine: out[t] = sum_j w_j y[(t, j)], the token's experts added in increasing index (as HF and the CPU), in
 //     f32, rounded once.
@@ -51,9 +52,25 @@ __device__ __forceinline__ bool ranks_before(float v, int i, float bv, int bi) {
   return v > bv || (v == bv && i < bi);
 }
 
+// bf16 logit bits and expert e as one 32-bit key whose unsigned order is the ranking: larger logit first, equal
+// logits by lower index (-0 counts as +0, as the float comparison has them equal). Every key is > 0.
+__device__ __forceinline__ uint32_t rank_key(uint16_t bits, int e) {
+  if (bits == 0x8000u) bits = 0;
+  const uint32_t ordered = (bits & 0x8000u) ? (~bits & 0xffffu) : (bits | 0x8000u);
+  return ordered << 16 | (0xffffu - static_cast<uint32_t>(e));
+}
+
+// The logit of a rank_key, as a float.
+__device__ __forceinline__ float key_logit(uint32_t key) {
+  const uint32_t ordered = key >> 16;
+  const auto bits = static_cast<uint16_t>((ordered & 0x8000u) ? (ordered & 0x7fffu) : (~ordered & 0xffffu));
+  return __bfloat162float(__ushort_as_bfloat16(bits));
+}
+
 // One warp per token. The token's logits are read once into registers (lane l holds experts l, l + 32, ...; at most
-// kMaxExperts); the j-th pick is the best expert ranking after the (j-1)-th, so nothing needs marking. The
-// max and the softmax denominator add the same values in the same order for every PER_LANE.
+// kMaxExperts). bf16 logits: each pick is one warp max-reduction (redux.sync) over every lane's best remaining key,
+// and the owner clears the picked key. f32 logits: the j-th pick is the best expert ranking after the (j-1)-th, by
+// shuffles. The max and the softmax denominator add the same values in the same order for every PER_LANE.
 template <class TL, int PER_LANE>
 __global__ void moe_route_kernel(int32_t* idx, float* weights, const TL* logits, const void* pes, DType pes_dtype,
                                  int64_t n_tok, int n_exp, int k) {
@@ -83,7 +100,35 @@ __global__ void moe_route_kernel(int32_t* idx, float* weights, const TL* logits,
   // instead of one dependent global round trip after another.
   float prev_v = 0.f, sel_sum = 0.f, my_prob = 0.f;
   int prev_i = -1, picked = 0, my_i = -1;
-  for (int j = 0; j < k; ++j) {
+  if constexpr (std::is_same_v<TL, bf16>) {
+    uint32_t key[PER_LANE];
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+      const int e = lane + i * kWarp;
+      key[i] = e < n_exp ? rank_key(__bfloat16_as_ushort(lr[e]), e) : 0u;
+    }
+    for (int j = 0; j < k; ++j) {
+      uint32_t mine = 0;
+#pragma unroll
+      for (int i = 0; i < PER_LANE; ++i) mine = max(mine, key[i]);
+      const uint32_t best = __reduce_max_sync(0xffffffffu, mine);
+      if (best == 0) break;  // k > n_exp: nothing left (the rows are finished below)
+      const int best_i = static_cast<int>(0xffffu - (best & 0xffffu));
+      if (best_i % kWarp == lane) {
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i)
+          if (i == best_i / kWarp) key[i] = 0;
+      }
+      const float prob = expf(key_logit(best) - mx) / total;  // softmax over all experts, f32
+      sel_sum += prob;
+      if (lane == j) {
+        my_i = best_i;
+        my_prob = prob;
+      }
+      ++picked;
+    }
+  }
+  for (int j = 0; j < k && !std::is_same_v<TL, bf16>; ++j) {
     float best_v = 0.f;
     int best_i = -1;
 #pragma unroll
@@ -308,7 +353,7 @@ __global__ void __launch_bounds__(kThreads)
 // the R rows f of the block and every pair (t, j) that chose the block's expert e, P pairs per pass over the rows.
 template <class TW, class TX, int V, int R, int P>
 __global__ void __launch_bounds__(kThreads, 2)
-    moe_gate_up_kernel(float* __restrict__ h, MoeTables tab, const TX* __restrict__ x, const TW* __restrict__ gate_up,
+    moe_gate_up_kernel(TX* __restrict__ h, MoeTables tab, const TX* __restrict__ x, const TW* __restrict__ gate_up,
                        MoeShape s, const int32_t* __restrict__ one_token_idx) {
   pdl_enter();
   __shared__ float part[kWarps][2 * R * P];
@@ -360,7 +405,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           us += part[i][(R + r) * P + p];
         }
         const float gv = round_to(s.act, gs), uv = round_to(s.act, us);
-        h[static_cast<int64_t>(pair_at(p0 + p)) * s.d_ff + f] = round_to(s.act, round_to(s.act, gelu_tanh(gv)) * uv);
+        h[static_cast<int64_t>(pair_at(p0 + p)) * s.d_ff + f] = from_f32<TX>(round_to(s.act, gelu_tanh(gv)) * uv);
       }
     }
     __syncthreads();  // part[] is rewritten by the next pass
@@ -370,9 +415,9 @@ __global__ void __launch_bounds__(kThreads, 2)
 // Block (row block blockIdx.x, expert slot blockIdx.y): y[pair, o] = D_e[o] . h[pair] for every pair of the slot's
 // expert (the grouping of moe_group_kernel). d_ff rows are short (704 values for 26B-A4B), so each warp streams its
 // own R rows of D_e; the block's kWarps * R rows are consecutive.
-template <class TW, int V, int R, int P>
+template <class TW, class TX, int V, int R, int P>
 __global__ void __launch_bounds__(kThreads, 2)
-    moe_down_kernel(float* __restrict__ y, MoeTables tab, const float* __restrict__ h, const TW* __restrict__ down,
+    moe_down_kernel(float* __restrict__ y, MoeTables tab, const TX* __restrict__ h, const TW* __restrict__ down,
                     MoeShape s, const int32_t* __restrict__ one_token_idx) {
   pdl_enter();
   const int slot = blockIdx.y;
@@ -390,7 +435,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int p0 = 0; p0 < count; p0 += P) {
     const int np = min(P, count - p0);
     int pair[P];
-    const float* hr[P];
+    const TX* hr[P];
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       pair[p] = one ? slot : tab.pairs[offset + p0 + min(p, np - 1)];
@@ -521,8 +566,9 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
   const bool vec_down = sizeof(TW) == 2 && s.d_ff % 8 == 0 && aligned16(a.down.data);
   const bool tc = moe_tc_applies(s, a.gate_up.dtype, a.x.dtype, a.gate_up.data, a.down.data, a.x.data);
 
-  // Scratch: the tables (3 n_exp + pairs ints), h [pairs, d_ff] and y [pairs, d_model] f32, each 256-byte aligned
-  // (h rows are then 16-byte aligned for the down kernel's vector loads). Tokens per chunk: as many as fit, and at
+  // Scratch: the tables (3 n_exp + pairs ints), h [pairs, d_ff] (TX; bf16 on the tensor-core path) and
+  // y [pairs, d_model] f32, each 256-byte aligned (h rows are then 16-byte aligned for the down kernel's vector
+  // loads). The per-token bound counts h at 4 bytes. Tokens per chunk: as many as fit, and at
   // most kMaxChunkPairs pairs.
   const int64_t fixed = 3 * s.n_exp * 4 + 3 * 256;
   const int64_t per_token = s.k * ((s.d_ff + s.d_model) * 4 + 4);
@@ -540,8 +586,8 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
   tab.count = tab.offset + s.n_exp;
   tab.pairs = tab.count + s.n_exp;
   size_t off = align256(static_cast<size_t>(3 * s.n_exp + chunk * s.k) * 4);
-  auto* h = reinterpret_cast<float*>(base + off);
-  off = align256(off + static_cast<size_t>(chunk * s.k * s.d_ff) * 4);
+  auto* h = reinterpret_cast<TX*>(base + off);
+  off = align256(off + static_cast<size_t>(chunk * s.k * s.d_ff) * sizeof(TX));
   auto* y = reinterpret_cast<float*>(base + off);
   off += static_cast<size_t>(chunk * s.k * s.d_model) * 4;
   if (off > scratch.bytes) return internal_error("cuda moe_experts: scratch layout overflows the workspace");
@@ -572,13 +618,13 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
 
     if (nt >= kTcMinTokens && tc) {  // many tokens: the expert products on the tensor cores (moe_tc.cu)
       if constexpr (sizeof(TW) == 2 && sizeof(TX) == 2) {
-        auto* h16 = reinterpret_cast<bf16*>(h);  // bf16 h [pairs, d_ff] in h's space
-        TANDEM_TRY(launch_moe_tc_gate_up(h16, tab, xc, gate_up, s, slots, stream));
-        TANDEM_TRY(launch_moe_tc_down(y, tab, h16, down, s, slots, stream));
+        TANDEM_TRY(launch_moe_tc_gate_up(h, tab, xc, gate_up, s, slots, stream));
+        TANDEM_TRY(launch_moe_tc_down(y, tab, h, down, s, slots, stream));
       }
     } else {
       const ForcedRows forced = forced_rows();
-      const int r_gu = !vec_gu ? 1 : (forced.gate_up > 0 ? forced.gate_up : pick_rows(s.d_ff, 1, slots, scratch.sm_count));
+      const int r_gu =
+          !vec_gu ? 1 : (forced.gate_up > 0 ? forced.gate_up : pick_rows(s.d_ff, 1, slots, scratch.sm_count));
       const dim3 gu_grid(static_cast<unsigned>(std::max<int64_t>(1, (s.d_ff + r_gu - 1) / r_gu)),
                          static_cast<unsigned>(slots));
       with_rows_pairs(r_gu, pairs_per_pass, [&](auto rt, auto pt) {
@@ -602,9 +648,11 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
         constexpr int R = decltype(rt)::value, P = decltype(pt)::value;
         if (vec_down) {
           if constexpr (sizeof(TW) == 2)
-            launch_kernel(moe_down_kernel<TW, 8, R, P>, dn_grid, kThreads, 0, stream, y, tab, h, down, s, one_idx);
+            launch_kernel(moe_down_kernel<TW, TX, 8, R, P>, dn_grid, kThreads, 0, stream, y, tab,
+                          static_cast<const TX*>(h), down, s, one_idx);
         } else if constexpr (R == 1) {
-          launch_kernel(moe_down_kernel<TW, 1, 1, P>, dn_grid, kThreads, 0, stream, y, tab, h, down, s, one_idx);
+          launch_kernel(moe_down_kernel<TW, TX, 1, 1, P>, dn_grid, kThreads, 0, stream, y, tab,
+                        static_cast<const TX*>(h), down, s, one_idx);
         }
       });
       TANDEM_CUDA_TRY_LAUNCH();
