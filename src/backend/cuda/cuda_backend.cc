@@ -111,6 +111,7 @@ Status CudaBackend::init() {
   };
   set_programmatic_launch(props_.major >= 9 && !switched_off("TANDEM_PDL"));
   set_weight_prefetch(!switched_off("TANDEM_WEIGHT_PREFETCH"));
+  set_gemv_balance(!switched_off("TANDEM_GEMV_BALANCE"));
   if (const char* fit = std::getenv("TANDEM_GEMV_FIT")) {
     if (std::string_view(fit) == "0" || std::string_view(fit) == "1" || std::string_view(fit) == "2") {
       set_gemv_fit(fit[0] - '0');

@@ -159,16 +159,29 @@ std::atomic<int>& fit_mode() {
 // Threads per block for rows of `chunks` 16-byte chunks (set_gemv_fit): the whole warps that cover the row in one
 // pass, for rows of at most kFitDefault chunks (mode 1, the default: K = 1536 takes 192 threads, K = 256 one warp
 // instead of seven idle ones, K = 2560 320 threads instead of two passes of 256) or of at most kMaxThreads (mode
-// 2); 256 for longer rows and in mode 0. Measured on the H200 (bench/RESULTS.md runs R-T): one-pass blocks of 352
-// and 512 threads (26B-A4B's K = 2816 and 4096) and two-pass ones (31B's K = 5376) ran slower than 256 threads.
+// 2). Longer rows take 256 threads in mode 0 and 2; in mode 1 their passes of at most 256 threads are shared out
+// evenly (block_threads below). Measured on the H200 (bench/RESULTS.md runs R-T, W): one-pass blocks of 352 and
+// 512 threads (26B-A4B's K = 2816 and 4096) and two passes of 352 (31B's K = 5376) ran slower than 256 threads;
+// K = 2816 in two passes of 192 took 26B-A4B's decode from 3.25 to 3.13-3.17 ms.
 // The reduction order depends on this count only, never on the rows T, so a verify pass still adds like a decode
 // step.
 constexpr int64_t kFitDefault = 320;
+std::atomic<bool>& balance_flag() {
+  static std::atomic<bool> on{true};
+  return on;
+}
 int block_threads(int64_t chunks) {
   const int mode = fit_mode().load(std::memory_order_relaxed);
   const int64_t most = mode == 1 ? kFitDefault : (mode == 2 ? kMaxThreads : 0);
-  if (chunks > most) return 256;
-  return static_cast<int>(std::max<int64_t>((chunks + kWarp - 1) / kWarp * kWarp, kWarp));
+  auto whole_warps = [](int64_t n) {
+    return static_cast<int>(std::max<int64_t>((n + kWarp - 1) / kWarp * kWarp, kWarp));
+  };
+  if (chunks <= most) return whole_warps(chunks);
+  if (mode != 1 || !balance_flag().load(std::memory_order_relaxed)) return 256;
+  // Longer rows in the default mode: the passes of at most 256 threads that they need, shared out evenly (K = 2816:
+  // two passes of 192 threads instead of 256 + 96; K = 5376: three of 224 instead of 256 + 256 + 160).
+  const int64_t passes = (chunks + 255) / 256;
+  return whole_warps((chunks + passes - 1) / passes);
 }
 
 // w2 = nullptr: linear or linear_group; else geglu with segs.w[0] = w_gate, w2 = w_up. up: the linear_gelu_mul
@@ -262,6 +275,7 @@ std::atomic<bool>& weight_prefetch_flag() {
 
 void set_weight_prefetch(bool on) { weight_prefetch_flag().store(on, std::memory_order_relaxed); }
 void set_gemv_fit(int mode) { fit_mode().store(mode, std::memory_order_relaxed); }
+void set_gemv_balance(bool on) { balance_flag().store(on, std::memory_order_relaxed); }
 bool weight_prefetch() { return weight_prefetch_flag().load(std::memory_order_relaxed); }
 
 bool gemv_eligible(const LinearArgs& a) {

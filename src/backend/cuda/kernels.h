@@ -82,6 +82,8 @@ bool weight_prefetch();
 // GEMV threads per block (gemv.cu block_threads): 0 = always 256; 1 (the default) = one pass of whole warps over
 // rows of up to 320 16-byte chunks (K <= 2560); 2 = the same up to 512 chunks. TANDEM_GEMV_FIT=N sets it.
 void set_gemv_fit(int mode);
+// In mode 1, rows longer than one pass take their passes of at most 256 threads evenly (TANDEM_GEMV_BALANCE=0: 256).
+void set_gemv_balance(bool on);
 bool gemv_eligible(const LinearArgs& a);
 Status launch_gemv(const LinearArgs& a, int sm_count, cudaStream_t stream);
 // The fused products below take 1..max_rows rows (CudaBackend's fused_gemv_rows(), at most 9).
