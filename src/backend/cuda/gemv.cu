@@ -276,6 +276,7 @@ std::atomic<bool>& weight_prefetch_flag() {
 void set_weight_prefetch(bool on) { weight_prefetch_flag().store(on, std::memory_order_relaxed); }
 void set_gemv_fit(int mode) { fit_mode().store(mode, std::memory_order_relaxed); }
 void set_gemv_balance(bool on) { balance_flag().store(on, std::memory_order_relaxed); }
+bool gemv_balance() { return balance_flag().load(std::memory_order_relaxed); }
 bool weight_prefetch() { return weight_prefetch_flag().load(std::memory_order_relaxed); }
 
 bool gemv_eligible(const LinearArgs& a) {

@@ -84,6 +84,7 @@ bool weight_prefetch();
 void set_gemv_fit(int mode);
 // In mode 1, rows longer than one pass take their passes of at most 256 threads evenly (TANDEM_GEMV_BALANCE=0: 256).
 void set_gemv_balance(bool on);
+bool gemv_balance();
 bool gemv_eligible(const LinearArgs& a);
 Status launch_gemv(const LinearArgs& a, int sm_count, cudaStream_t stream);
 // The fused products below take 1..max_rows rows (CudaBackend's fused_gemv_rows(), at most 9).

@@ -8,7 +8,8 @@
 //     listed in increasing order: deterministic) into tables in the scratch: the slot-th distinct expert, where
 //     its pairs start, how many.
 //  1. gate_up: block (rows, slot) takes the slot-th distinct expert e, streams R rows of G_e and the same R rows of
-//     U_e once in 16-byte chunks with all 256 threads striding over d_model, and writes
+//     U_e once in 16-byte chunks with all the block's threads striding over d_model (192 for d_model = 2816: two
+//     even passes), and writes
 //     h = gelu_tanh(G_e x_t) * (U_e x_t) for every pair of e (x rows from L1/L2), gate, up and h rounded to the
 //     activation dtype as HF's tensors are, and h stored in that dtype in the stream's workspace (nothing is lost;
 //     the down kernel reads half the bytes for bf16, and the tensor-core path stores the same bf16 h).
@@ -351,12 +352,13 @@ __global__ void __launch_bounds__(kThreads)
 
 // Block (row block blockIdx.x, expert slot blockIdx.y): h[pair, f] = gelu_tanh(G_e[f] . x_t) * (U_e[f] . x_t) for
 // the R rows f of the block and every pair (t, j) that chose the block's expert e, P pairs per pass over the rows.
-template <class TW, class TX, int V, int R, int P>
-__global__ void __launch_bounds__(kThreads, 2)
+template <class TW, class TX, int V, int R, int P, int THREADS = kThreads>
+__global__ void __launch_bounds__(THREADS, 2)
     moe_gate_up_kernel(TX* __restrict__ h, MoeTables tab, const TX* __restrict__ x, const TW* __restrict__ gate_up,
                        MoeShape s, const int32_t* __restrict__ one_token_idx) {
   pdl_enter();
-  __shared__ float part[kWarps][2 * R * P];
+  constexpr int kBlockWarps = THREADS / kWarp;
+  __shared__ float part[kBlockWarps][2 * R * P];
   const int slot = blockIdx.y;
   // One token (one_token_idx, no tables): slot j is pair j, whose expert is idx[j].
   const int e = one_token_idx != nullptr ? one_token_idx[slot] : tab.expert[slot];
@@ -383,7 +385,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int p = 0; p < P; ++p) xr[p] = x + static_cast<int64_t>(pair_at(p0 + min(p, np - 1)) / s.k) * s.d_model;
     float acc[2 * R][P];
-    dot_rows<kThreads, (P == 1 ? 2 : 1), V>(acc, w, xr, np, n_chunks, threadIdx.x);  // 2R or 4R loads in flight
+    dot_rows<THREADS, (P == 1 ? 2 : 1), V>(acc, w, xr, np, n_chunks, threadIdx.x);  // 2R or 4R loads in flight
 #pragma unroll
     for (int r = 0; r < 2 * R; ++r)
 #pragma unroll
@@ -400,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       if (p < np && f < s.d_ff) {
         float gs = 0.f, us = 0.f;
 #pragma unroll
-        for (int i = 0; i < kWarps; ++i) {
+        for (int i = 0; i < kBlockWarps; ++i) {
           gs += part[i][r * P + p];
           us += part[i][(R + r) * P + p];
         }
@@ -627,12 +629,22 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
           !vec_gu ? 1 : (forced.gate_up > 0 ? forced.gate_up : pick_rows(s.d_ff, 1, slots, scratch.sm_count));
       const dim3 gu_grid(static_cast<unsigned>(std::max<int64_t>(1, (s.d_ff + r_gu - 1) / r_gu)),
                          static_cast<unsigned>(slots));
+      // Rows of 257..384 chunks (26B-A4B's d_model = 2816: 352) take two passes of 192 threads instead of 256 + 96,
+      // as the GEMV's balanced passes (gemv.cu block_threads; TANDEM_GEMV_BALANCE=0: 256).
+      const int64_t gu_chunks = s.d_model / 8;
+      const bool gu_192 = gemv_balance() && gu_chunks > 256 && gu_chunks <= 384;
       with_rows_pairs(r_gu, pairs_per_pass, [&](auto rt, auto pt) {
         constexpr int R = decltype(rt)::value, P = decltype(pt)::value;
         if (vec_gu) {
-          if constexpr (sizeof(TW) == 2)
-            launch_kernel(moe_gate_up_kernel<TW, TX, 8, R, P>, gu_grid, kThreads, 0, stream, h, tab, xc, gate_up, s,
-                          one_idx);
+          if constexpr (sizeof(TW) == 2) {
+            if (gu_192) {
+              launch_kernel(moe_gate_up_kernel<TW, TX, 8, R, P, 192>, gu_grid, 192, 0, stream, h, tab, xc, gate_up, s,
+                            one_idx);
+            } else {
+              launch_kernel(moe_gate_up_kernel<TW, TX, 8, R, P>, gu_grid, kThreads, 0, stream, h, tab, xc, gate_up, s,
+                            one_idx);
+            }
+          }
         } else if constexpr (R == 1) {
           launch_kernel(moe_gate_up_kernel<TW, TX, 1, 1, P>, gu_grid, kThreads, 0, stream, h, tab, xc, gate_up, s,
                         one_idx);
