@@ -99,8 +99,17 @@ __global__ void moe_route_kernel(int32_t* idx, float* weights, const TL* logits,
 
   // Pick j is kept in lane j's registers (k <= 32), so the epilogue below reads every per-expert scale at once
   // instead of one dependent global round trip after another.
-  float prev_v = 0.f, sel_sum = 0.f, my_prob = 0.f;
-  int prev_i = -1, picked = 0, my_i = -1;
+  float sel_sum = 0.f, my_prob = 0.f;
+  int picked = 0, my_i = -1;
+  auto take = [&](int j, int e, float logit) {    // the j-th pick: expert e
+    const float prob = expf(logit - mx) / total;  // softmax over all experts, f32
+    sel_sum += prob;
+    if (lane == j) {
+      my_i = e;
+      my_prob = prob;
+    }
+    ++picked;
+  };
   if constexpr (std::is_same_v<TL, bf16>) {
     uint32_t key[PER_LANE];
 #pragma unroll
@@ -120,46 +129,37 @@ __global__ void moe_route_kernel(int32_t* idx, float* weights, const TL* logits,
         for (int i = 0; i < PER_LANE; ++i)
           if (i == best_i / kWarp) key[i] = 0;
       }
-      const float prob = expf(key_logit(best) - mx) / total;  // softmax over all experts, f32
-      sel_sum += prob;
-      if (lane == j) {
-        my_i = best_i;
-        my_prob = prob;
-      }
-      ++picked;
+      take(j, best_i, key_logit(best));
     }
-  }
-  for (int j = 0; j < k && !std::is_same_v<TL, bf16>; ++j) {
-    float best_v = 0.f;
-    int best_i = -1;
+  } else {
+    float prev_v = 0.f;
+    int prev_i = -1;
+    for (int j = 0; j < k; ++j) {
+      float best_v = 0.f;
+      int best_i = -1;
 #pragma unroll
-    for (int i = 0; i < PER_LANE; ++i) {
-      const int e = lane + i * kWarp;
-      const float v = lv[i];
-      if (e < n_exp && (prev_i < 0 || ranks_before(prev_v, prev_i, v, e)) && ranks_before(v, e, best_v, best_i)) {
-        best_v = v;
-        best_i = e;
+      for (int i = 0; i < PER_LANE; ++i) {
+        const int e = lane + i * kWarp;
+        const float v = lv[i];
+        if (e < n_exp && (prev_i < 0 || ranks_before(prev_v, prev_i, v, e)) && ranks_before(v, e, best_v, best_i)) {
+          best_v = v;
+          best_i = e;
+        }
       }
-    }
 #pragma unroll
-    for (int off = kWarp / 2; off > 0; off /= 2) {
-      const float v = __shfl_xor_sync(0xffffffffu, best_v, off);
-      const int i = __shfl_xor_sync(0xffffffffu, best_i, off);
-      if (ranks_before(v, i, best_v, best_i)) {
-        best_v = v;
-        best_i = i;
+      for (int off = kWarp / 2; off > 0; off /= 2) {
+        const float v = __shfl_xor_sync(0xffffffffu, best_v, off);
+        const int i = __shfl_xor_sync(0xffffffffu, best_i, off);
+        if (ranks_before(v, i, best_v, best_i)) {
+          best_v = v;
+          best_i = i;
+        }
       }
+      if (best_i < 0) break;  // only NaN logits leave nothing to pick; the rows are finished below
+      take(j, best_i, best_v);
+      prev_v = best_v;
+      prev_i = best_i;
     }
-    if (best_i < 0) break;  // only NaN logits leave nothing to pick; the rows are finished below
-    const float prob = expf(best_v - mx) / total;  // softmax over all experts, f32
-    sel_sum += prob;
-    if (lane == j) {
-      my_i = best_i;
-      my_prob = prob;
-    }
-    prev_v = best_v;
-    prev_i = best_i;
-    ++picked;
   }
   if (lane >= k) return;
   int32_t* ir = idx + t * k;
