@@ -166,6 +166,7 @@ std::atomic<int>& fit_mode() {
 // The reduction order depends on this count only, never on the rows T, so a verify pass still adds like a decode
 // step.
 constexpr int64_t kFitDefault = 320;
+constexpr int kPassThreads = 256;  // the widest pass over rows longer than a fitted block
 std::atomic<bool>& balance_flag() {
   static std::atomic<bool> on{true};
   return on;
@@ -177,10 +178,10 @@ int block_threads(int64_t chunks) {
     return static_cast<int>(std::max<int64_t>((n + kWarp - 1) / kWarp * kWarp, kWarp));
   };
   if (chunks <= most) return whole_warps(chunks);
-  if (mode != 1 || !balance_flag().load(std::memory_order_relaxed)) return 256;
+  if (mode != 1 || !balance_flag().load(std::memory_order_relaxed)) return kPassThreads;
   // Longer rows in the default mode: the passes of at most 256 threads that they need, shared out evenly (K = 2816:
   // two passes of 192 threads instead of 256 + 96; K = 5376: three of 224 instead of 256 + 256 + 160).
-  const int64_t passes = (chunks + 255) / 256;
+  const int64_t passes = (chunks + kPassThreads - 1) / kPassThreads;
   return whole_warps((chunks + passes - 1) / passes);
 }
 
