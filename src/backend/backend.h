@@ -42,6 +42,15 @@ class Backend : public Allocator {
   virtual Result<StreamId> create_stream() = 0;
   virtual void set_stream(StreamId stream) = 0;
   virtual Status synchronize(StreamId stream = kDefaultStream) = 0;
+  [[nodiscard]] virtual StreamId current_stream() const = 0;
+  // Whether ops on two streams may run at the same time (CUDA), so that model code gains from putting independent
+  // work on a second stream; false where ops run inline in the order they are called (the CPU).
+  [[nodiscard]] virtual bool concurrent_streams() const { return false; }
+  // Cross-stream order (a fork or a join): work enqueued on `waiter` from now on starts only after all the work
+  // enqueued on `done` so far. Also inside a graph capture, where it forks the side stream off the captured one or
+  // joins it back (capture() requires every fork to be joined before body returns). Backends that run ops inline
+  // have nothing to do.
+  virtual Status wait_stream(StreamId /*waiter*/, StreamId /*done*/) { return ok_status(); }
   // The first asynchronous failure since the last call (ok if none), then cleared.
   virtual Status last_error() = 0;
 
@@ -103,11 +112,11 @@ class Backend : public Allocator {
     rms_norm(a);
     rms_norm(next);
   }
-  // Composite op: independent rms_norms (none reads or writes what another writes), e.g. a MoE block's norms of
-  // the dense output, the router input and the experts' input; a backend may run them in one launch (CUDA), with
-  // the same bits.
-  virtual void rms_norm_batch(std::span<const RmsNormArgs> jobs) {
-    for (const RmsNormArgs& a : jobs) rms_norm(a);
+  // Composite op: rms_norms applied in order, each stage's x, residual and out either a tensor no earlier stage
+  // wrote or exactly an earlier stage's out (rows of the same shape), e.g. a MoE layer's residual norm followed by
+  // the three norms of its result. A backend may run them in one launch (CUDA), with the same bits.
+  virtual void rms_norm_seq(std::span<const RmsNormArgs> stages) {
+    for (const RmsNormArgs& a : stages) rms_norm(a);
   }
   // Composite op: the k norm + RoPE, the v norm and the KV write (ops.h KvNormWriteArgs); CUDA runs them as one
   // launch with the same bits.

@@ -28,6 +28,7 @@ struct Gemma4Model::Workspace {
   Buffer q, attn;      // [rows, n_heads * max_head_dim]
   Buffer k, v;         // [rows, max_kv_heads * max_head_dim]
   Buffer o, f, f2, y2; // [rows, d_model]
+  Buffer z;            // [rows, d_model]: the router's input (MoE)
   Buffer g, u;         // [rows, max_d_ff]
   Buffer router;       // [rows, n_experts]
   Buffer moe_idx;      // i32 [rows, top_k]
@@ -40,6 +41,10 @@ struct Gemma4Model::Workspace {
   Buffer logits;       // [out_rows, n_vocab]
   std::vector<int32_t> host_ids, host_pos;
   int32_t host_kv_end = 0;
+  // MoE layers on a backend with concurrent streams: the experts run here while the dense GeGLU runs on the
+  // model's stream (-1: no second stream, everything in order on one).
+  StreamId side = -1;
+  bool side_tried = false;
 };
 
 namespace {
@@ -147,6 +152,7 @@ Status Gemma4Model::ensure_workspace(int64_t rows, int64_t out_rows) {
     for (const LayerSpec& ls : tc.layers) max_ff = std::max(max_ff, ls.d_ff);
     const size_t r = static_cast<size_t>(rows);
     for (Buffer* b : {&ws.x, &ws.xn, &ws.o, &ws.f, &ws.f2, &ws.y2}) TANDEM_TRY(grow(*b, r * tc.d_model * act));
+    if (tc.moe) TANDEM_TRY(grow(ws.z, r * tc.d_model * act));
     TANDEM_TRY(grow(ws.q, r * tc.n_heads * max_hd * act));
     TANDEM_TRY(grow(ws.attn, r * tc.n_heads * max_hd * act));
     TANDEM_TRY(grow(ws.k, r * max_kv * max_hd * act));
@@ -166,6 +172,17 @@ Status Gemma4Model::ensure_workspace(int64_t rows, int64_t out_rows) {
     TANDEM_TRY(grow(ws.pos, r * sizeof(int32_t)));
     TANDEM_TRY(grow(ws.kv_end, sizeof(int32_t)));
     ws.rows = rows;
+  }
+  if (tc.moe && !ws.side_tried) {
+    ws.side_tried = true;
+    if (backend_.concurrent_streams()) {
+      Result<StreamId> side = backend_.create_stream();
+      if (side.ok()) {
+        ws.side = *side;
+      } else {
+        TANDEM_LOG_WARN("MoE experts stay on one stream: %s", side.status().to_string().c_str());
+      }
+    }
   }
   if (out_rows > ws.out_rows) {
     TANDEM_TRY(grow(ws.hidden, static_cast<size_t>(out_rows) * tc.d_model * act));
@@ -414,32 +431,46 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
   }
   const Tensor o = ws.o.view(act, {rows, d});
   backend_.linear({.out = o, .x = attn.reshape({rows, nh * hd}), .w = lw.attn.o_proj});
-  // x = x + norm(o): the residual add fused into the post-attention norm (ops.h; the same bits as norm then add),
-  // then xn = pre_ffn_norm(x) for the feed-forward block, in one op.
-  backend_.rms_norm_then({.out = x, .x = o, .weight = lw.post_attn_norm, .eps = tc.rms_eps, .residual = x},
-                         {.out = xn, .x = x, .weight = lw.pre_ffn_norm, .eps = tc.rms_eps});
+  // x = x + norm(o): the residual add fused into the post-attention norm (ops.h; the same bits as norm then add);
+  // then xn = pre_ffn_norm(x), the feed-forward block's input.
+  const RmsNormArgs post_attn{.out = x, .x = o, .weight = lw.post_attn_norm, .eps = tc.rms_eps, .residual = x};
+  const RmsNormArgs pre_ffn{.out = xn, .x = x, .weight = lw.pre_ffn_norm, .eps = tc.rms_eps};
 
-  // Feed-forward block: dense GeGLU (+ MoE on 26B-A4B), spec §1.9, §1.10.
+  // Feed-forward block: dense GeGLU (+ MoE on 26B-A4B), spec §1.9, §1.10. The dense output goes to f.
   const Tensor f = ws.f.view(act, {rows, d});
   const Tensor g = ws.g.view(act, {rows, ls.d_ff});
   const Tensor u = ws.u.view(act, {rows, ls.d_ff});
-  backend_.geglu({.out = g, .x = xn, .w_gate = lw.mlp.gate, .w_up = lw.mlp.up, .up = u});
-  backend_.linear({.out = f, .x = g, .w = lw.mlp.down});
-  if (ls.moe) {
-    // Three independent norms in one op: the dense output (post_ffn_norm_1, in place); the router input, a
-    // weightless norm of the raw residual * router.scale * d_model^-0.5 (into xn, free once geglu has read it);
-    // and the experts' input (pre_ffn_norm_2).
-    const Tensor z = xn;
+  auto dense = [&] {
+    backend_.geglu({.out = g, .x = xn, .w_gate = lw.mlp.gate, .w_up = lw.mlp.up, .up = u});
+    backend_.linear({.out = f, .x = g, .w = lw.mlp.down});
+  };
+  RmsNormArgs tail[4];  // norms after the block, run as one rms_norm_seq
+  int n_tail = 0;
+  if (!ls.moe) {
+    backend_.rms_norm_then(post_attn, pre_ffn);
+    dense();
+  } else {
+    // The experts' path: the router input z (a weightless norm of the residual * router.scale * d_model^-0.5) and
+    // the experts' input y2 (pre_ffn_norm_2), both norms of the updated x, in the same op as post_attn/pre_ffn.
+    const Tensor z = ws.z.view(act, {rows, d});
     const Tensor y2 = ws.y2.view(act, {rows, d});
-    const RmsNormArgs norms[] = {{.out = f, .x = f, .weight = lw.moe.post_ffn_norm_1, .eps = tc.rms_eps},
-                                 {.out = z,
-                                  .x = x,
-                                  .weight = lw.moe.router_scale,
-                                  .eps = tc.rms_eps,
-                                  .out_scale = static_cast<float>(std::pow(static_cast<double>(d), -0.5))},
-                                 {.out = y2, .x = x, .weight = lw.moe.pre_ffn_norm_2, .eps = tc.rms_eps}};
-    backend_.rms_norm_batch(norms);
-    // Router: softmax/top-k/renorm of its logits.
+    const RmsNormArgs into_ffn[] = {post_attn,
+                                    pre_ffn,
+                                    {.out = z,
+                                     .x = x,
+                                     .weight = lw.moe.router_scale,
+                                     .eps = tc.rms_eps,
+                                     .out_scale = static_cast<float>(std::pow(static_cast<double>(d), -0.5))},
+                                    {.out = y2, .x = x, .weight = lw.moe.pre_ffn_norm_2, .eps = tc.rms_eps}};
+    backend_.rms_norm_seq(into_ffn);
+    // Router (softmax/top-k/renorm of its logits) and experts into f2. They share no tensor with the dense GeGLU,
+    // so on a backend with concurrent streams they run on the side stream while the dense block runs here.
+    const StreamId main = backend_.current_stream();
+    const bool fork = ws.side >= 0;
+    if (fork) {
+      TANDEM_TRY(backend_.wait_stream(ws.side, main));
+      backend_.set_stream(ws.side);
+    }
     const Tensor router = ws.router.view(act, {rows, tc.n_experts});
     backend_.linear({.out = router, .x = z, .w = lw.moe.router_proj});
     const Tensor idx = ws.moe_idx.view(DType::kI32, {rows, tc.top_k_experts});
@@ -452,7 +483,12 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
     const Tensor f2 = ws.f2.view(act, {rows, d});
     backend_.moe_experts({.out = f2, .x = y2, .gate_up = lw.moe.gate_up, .down = lw.moe.down, .idx = idx,
                           .weights = wts});
-    backend_.rms_norm({.out = f, .x = f2, .weight = lw.moe.post_ffn_norm_2, .eps = tc.rms_eps, .residual = f});
+    if (fork) backend_.set_stream(main);
+    dense();
+    if (fork) TANDEM_TRY(backend_.wait_stream(main, ws.side));
+    // f = post_ffn_norm_1(f) + post_ffn_norm_2(f2).
+    tail[n_tail++] = {.out = f, .x = f, .weight = lw.moe.post_ffn_norm_1, .eps = tc.rms_eps};
+    tail[n_tail++] = {.out = f, .x = f2, .weight = lw.moe.post_ffn_norm_2, .eps = tc.rms_eps, .residual = f};
   }
   // x = x + norm(f), times layer_scalar here unless the per-layer-input block still follows (spec §1.5: the scalar
   // multiplies the whole output, residual included, after that block).
@@ -463,10 +499,17 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
                              .eps = tc.rms_eps,
                              .residual = x,
                              .out_scale = tc.ple_dim > 0 ? 1.f : layer_scalar};
-  if (tc.ple_dim == 0) {
+  if (tc.ple_dim == 0 && n_tail == 0) {
     residual_norm_then_next_input(post_ffn);
+  } else if (tc.ple_dim == 0) {
+    tail[n_tail++] = post_ffn;
+    if (i + 1 < tc.n_layers)
+      tail[n_tail++] = {
+          .out = xn, .x = x, .weight = w_.layers[static_cast<size_t>(i) + 1].input_norm, .eps = tc.rms_eps};
+    backend_.rms_norm_seq(std::span<const RmsNormArgs>(tail, static_cast<size_t>(n_tail)));
   } else {
-    backend_.rms_norm(post_ffn);
+    tail[n_tail++] = post_ffn;
+    backend_.rms_norm_seq(std::span<const RmsNormArgs>(tail, static_cast<size_t>(n_tail)));
     // Per-layer input: x += norm(proj(gelu(gate(x)) * ple_i)) (spec §1.4).
     const int64_t P = tc.ple_dim;
     const Tensor pg = ws.ple_tmp.view(act, {rows, P});

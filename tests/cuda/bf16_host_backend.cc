@@ -27,8 +27,9 @@ class Bf16HostBackend final : public Backend {
     return ok_status();
   }
   Result<StreamId> create_stream() override { return next_stream_++; }
-  void set_stream(StreamId) override {}
+  void set_stream(StreamId stream) override { stream_ = stream; }
   Status synchronize(StreamId) override { return ok_status(); }
+  [[nodiscard]] StreamId current_stream() const override { return stream_; }
   Status last_error() override { return ok_status(); }
 
   void embedding(const EmbeddingArgs& a) override { ref::embedding(a); }
@@ -47,6 +48,7 @@ class Bf16HostBackend final : public Backend {
 
  private:
   StreamId next_stream_ = 1;
+  StreamId stream_ = kDefaultStream;
 };
 
 }  // namespace

@@ -197,68 +197,88 @@ TEST_F(CudaFusedNorm, ThenEqualsTwoNormsBitwise) {
   EXPECT_TRUE(be().last_error().ok()) << be().last_error().to_string();
 }
 
-TEST_F(CudaFusedNorm, BatchEqualsSeparateNormsBitwise) {
-  // rms_norm_batch as the MoE block runs it (a norm in place, two norms of the same x, one with out_scale) plus a
-  // job with a residual: one launch, each job's bits those of its own rms_norm; bf16 and f32, vector and scalar
-  // geometry (dim 1037). A job reading another's output is not independent: the op falls back to the ops in order.
-  uint32_t seed = 1500;
+TEST_F(CudaFusedNorm, SeqEqualsNormsInOrderBitwise) {
+  // rms_norm_seq as a MoE layer runs it around its experts: x = x + norm(o), then three norms of the new x (one with
+  // out_scale); and f = norm(f) in place, f = f + norm(f2), x = (x + norm(f)) * s, xn = norm(x). One launch; each
+  // stage's bits those of its own rms_norm run in order. bf16 and f32, vector and scalar geometry (dim 1037).
+  uint32_t seed = 1700;
   for (DType dt : {kBF16, kF32}) {
     for (int64_t rows : {1, 5}) {
       for (int64_t dim : {1037, 2816}) {
         SCOPED_TRACE(
             strfmt("%s rows %lld dim %lld", dtype_name(dt), static_cast<long long>(rows), static_cast<long long>(dim)));
-        DeviceTensor f0(be(), dt, {rows, dim}), x(be(), dt, {rows, dim}), res(be(), dt, {rows, dim});
-        DeviceTensor w1(be(), kBF16, {dim}), w2(be(), kF32, {dim}), w3(be(), kBF16, {dim});
-        fill_random(f0.host(), seed++);
-        fill_random(x.host(), seed++);
-        fill_random(res.host(), seed++);
+        DeviceTensor o(be(), dt, {rows, dim}), x0(be(), dt, {rows, dim}), f0(be(), dt, {rows, dim}),
+            f2(be(), dt, {rows, dim});
+        DeviceTensor w1(be(), kBF16, {dim}), w2(be(), kF32, {dim}), w3(be(), kBF16, {dim}), w4(be(), kBF16, {dim});
+        for (DeviceTensor* t : {&o, &x0, &f0, &f2}) fill_random(t->host(), seed++);
         std::mt19937 rng(seed++);
-        for (DeviceTensor* w : {&w1, &w2, &w3}) w->host().fill_uniform(rng, 0.5f, 1.5f);
-        for (DeviceTensor* t : {&f0, &x, &res, &w1, &w2, &w3}) t->upload();
-        // a: separate ops; b: the batch. f is normed in place, so each side starts from its own copy.
-        DeviceTensor fa(be(), dt, {rows, dim}), fb(be(), dt, {rows, dim});
-        DeviceTensor za(be(), dt, {rows, dim}), zb(be(), dt, {rows, dim}), ya(be(), dt, {rows, dim}),
-            yb(be(), dt, {rows, dim}), ra(be(), dt, {rows, dim}), rb(be(), dt, {rows, dim});
-        for (DeviceTensor* t : {&fa, &fb}) {
-          t->host().copy_from(f0.host());
-          t->upload();
-        }
-        for (DeviceTensor* t : {&za, &zb, &ya, &yb, &ra, &rb}) t->poison();
-        const float scale = 0.0188f;
-        auto jobs = [&](DeviceTensor& f, DeviceTensor& z, DeviceTensor& y, DeviceTensor& r) {
-          return std::vector<RmsNormArgs>{{.out = f, .x = f, .weight = w1},
-                                          {.out = z, .x = x, .weight = w2, .out_scale = scale},
-                                          {.out = y, .x = x, .weight = w3},
-                                          {.out = r, .x = x, .weight = Tensor{}, .residual = res}};
+        for (DeviceTensor* w : {&w1, &w2, &w3, &w4}) w->host().fill_uniform(rng, 0.5f, 1.5f);
+        for (DeviceTensor* t : {&o, &x0, &f0, &f2, &w1, &w2, &w3, &w4}) t->upload();
+        // a: the norms one by one; b: the sequence. x and f are updated in place, so each side has its own copies.
+        struct Side {
+          DeviceTensor x, f, xn, z, y;
         };
-        for (const RmsNormArgs& a : jobs(fa, za, ya, ra)) be().rms_norm(a);
-        const std::vector<RmsNormArgs> batch = jobs(fb, zb, yb, rb);
-        EXPECT_TRUE(cuda::rms_norm_batch_fusable(batch));
-        be().rms_norm_batch(batch);
-        for (DeviceTensor* t : {&fa, &fb, &za, &zb, &ya, &yb, &ra, &rb}) t->download();
-        EXPECT_TRUE(same_bits(fb.host(), fa.host())) << "in place";
-        EXPECT_TRUE(same_bits(zb.host(), za.host())) << "out_scale";
-        EXPECT_TRUE(same_bits(yb.host(), ya.host())) << "second norm of x";
-        EXPECT_TRUE(same_bits(rb.host(), ra.host())) << "residual";
+        auto side = [&] {
+          Side sd{DeviceTensor(be(), dt, {rows, dim}), DeviceTensor(be(), dt, {rows, dim}),
+                  DeviceTensor(be(), dt, {rows, dim}), DeviceTensor(be(), dt, {rows, dim}),
+                  DeviceTensor(be(), dt, {rows, dim})};
+          sd.x.host().copy_from(x0.host());
+          sd.f.host().copy_from(f0.host());
+          sd.x.upload();
+          sd.f.upload();
+          for (DeviceTensor* t : {&sd.xn, &sd.z, &sd.y}) t->poison();
+          return sd;
+        };
+        Side a = side(), b = side();
+        auto into_ffn = [&](Side& sd) {
+          return std::vector<RmsNormArgs>{{.out = sd.x, .x = o, .weight = w1, .residual = sd.x},
+                                          {.out = sd.xn, .x = sd.x, .weight = w3},
+                                          {.out = sd.z, .x = sd.x, .weight = w2, .out_scale = 0.0188f},
+                                          {.out = sd.y, .x = sd.x, .weight = Tensor{}}};
+        };
+        auto out_of_ffn = [&](Side& sd) {
+          return std::vector<RmsNormArgs>{{.out = sd.f, .x = sd.f, .weight = w4},
+                                          {.out = sd.f, .x = f2, .weight = w2, .residual = sd.f},
+                                          {.out = sd.x, .x = sd.f, .weight = w1, .residual = sd.x, .out_scale = 0.71f},
+                                          {.out = sd.xn, .x = sd.x, .weight = w3}};
+        };
+        for (const RmsNormArgs& s : into_ffn(a)) be().rms_norm(s);
+        const std::vector<RmsNormArgs> in_b = into_ffn(b);
+        EXPECT_TRUE(cuda::rms_norm_seq_fusable(in_b));
+        be().rms_norm_seq(in_b);
+        for (Side* sd : {&a, &b})
+          for (DeviceTensor* t : {&sd->x, &sd->xn, &sd->z, &sd->y}) t->download();
+        EXPECT_TRUE(same_bits(b.x.host(), a.x.host())) << "residual norm";
+        EXPECT_TRUE(same_bits(b.xn.host(), a.xn.host())) << "norm of its result";
+        EXPECT_TRUE(same_bits(b.z.host(), a.z.host())) << "out_scale";
+        EXPECT_TRUE(same_bits(b.y.host(), a.y.host())) << "weightless";
+
+        for (const RmsNormArgs& s : out_of_ffn(a)) be().rms_norm(s);
+        const std::vector<RmsNormArgs> out_b = out_of_ffn(b);
+        EXPECT_TRUE(cuda::rms_norm_seq_fusable(out_b));
+        be().rms_norm_seq(out_b);
+        for (Side* sd : {&a, &b})
+          for (DeviceTensor* t : {&sd->x, &sd->f, &sd->xn}) t->download();
+        EXPECT_TRUE(same_bits(b.f.host(), a.f.host())) << "f";
+        EXPECT_TRUE(same_bits(b.x.host(), a.x.host())) << "x";
+        EXPECT_TRUE(same_bits(b.xn.host(), a.xn.host())) << "xn";
       }
     }
   }
-  // Dependent jobs: the second reads the first's output.
-  const int64_t rows = 3, dim = 2816;
-  DeviceTensor x(be(), kBF16, {rows, dim}), w(be(), kBF16, {dim});
-  DeviceTensor a1(be(), kBF16, {rows, dim}), a2(be(), kBF16, {rows, dim}), b1(be(), kBF16, {rows, dim}),
-      b2(be(), kBF16, {rows, dim});
-  fill_random(x.host(), 1600);
-  fill_random(w.host(), 1601);
-  x.upload();
-  w.upload();
-  be().rms_norm({.out = a1, .x = x, .weight = w});
-  be().rms_norm({.out = a2, .x = a1, .weight = w});
-  const RmsNormArgs dependent[] = {{.out = b1, .x = x, .weight = w}, {.out = b2, .x = b1, .weight = w}};
-  EXPECT_FALSE(cuda::rms_norm_batch_fusable(dependent));
-  be().rms_norm_batch(dependent);
-  for (DeviceTensor* t : {&a2, &b2}) t->download();
-  EXPECT_TRUE(same_bits(b2.host(), a2.host()));
+  // Not one launch (the op runs the norms in order instead): a stage reading a shifted view of an earlier out, a
+  // stage writing a weight another reads, rows that differ.
+  const int64_t rows = 3, dim = 256;
+  DeviceTensor buf(be(), kBF16, {rows + 1, dim}), x(be(), kBF16, {rows, dim}), w(be(), kBF16, {dim}),
+      y(be(), kBF16, {rows, dim});
+  const Tensor lo = buf.t().slice(0, rows), hi = buf.t().slice(1, rows + 1);
+  const RmsNormArgs shifted[] = {{.out = lo, .x = x, .weight = w}, {.out = y, .x = hi, .weight = w}};
+  EXPECT_FALSE(cuda::rms_norm_seq_fusable(shifted));
+  const Tensor w_as_row = w.t().reshape({1, dim});
+  const RmsNormArgs writes_weight[] = {{.out = y, .x = x, .weight = w}, {.out = w_as_row, .x = x.t().slice(0, 1)}};
+  EXPECT_FALSE(cuda::rms_norm_seq_fusable(writes_weight));
+  const RmsNormArgs other_rows[] = {{.out = y, .x = x, .weight = w},
+                                    {.out = y.t().slice(0, 1), .x = y.t().slice(0, 1), .weight = w}};
+  EXPECT_FALSE(cuda::rms_norm_seq_fusable(other_rows));
   EXPECT_TRUE(be().last_error().ok()) << be().last_error().to_string();
 }
 

@@ -40,6 +40,7 @@ class CpuBackend final : public Backend {
   Result<StreamId> create_stream() override { return next_stream_++; }
   void set_stream(StreamId stream) override { stream_ = stream; }
   Status synchronize(StreamId) override { return ok_status(); }
+  [[nodiscard]] StreamId current_stream() const override { return stream_; }
   Status last_error() override { return ok_status(); }
 
   void embedding(const EmbeddingArgs& a) override;

@@ -112,6 +112,7 @@ Status CudaBackend::init() {
   set_programmatic_launch(props_.major >= 9 && !switched_off("TANDEM_PDL"));
   set_weight_prefetch(!switched_off("TANDEM_WEIGHT_PREFETCH"));
   set_gemv_balance(!switched_off("TANDEM_GEMV_BALANCE"));
+  concurrent_streams_ = !switched_off("TANDEM_BRANCHES");
   if (const char* fit = std::getenv("TANDEM_GEMV_FIT")) {
     if (std::string_view(fit) == "0" || std::string_view(fit) == "1" || std::string_view(fit) == "2") {
       set_gemv_fit(fit[0] - '0');
@@ -148,6 +149,7 @@ CudaBackend::~CudaBackend() {
   gemm_.reset();
   for (const StreamState& s : streams_) {
     if (s.workspace) (void)cudaFree(s.workspace);
+    if (s.done) (void)cudaEventDestroy(s.done);
     (void)cudaStreamDestroy(s.stream);
   }
   (void)cudaGetLastError();
@@ -158,10 +160,12 @@ Status CudaBackend::add_stream() {
   // Non-blocking: never serialises with the legacy default stream, and capturable into CUDA graphs.
   TANDEM_CUDA_TRY(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
   Status st = TANDEM_CUDA_STATUS(cudaMalloc(&s.workspace, Gemm::kWorkspaceBytes));
+  if (st.ok()) st = TANDEM_CUDA_STATUS(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
   if (!st.ok()) {
+    if (s.workspace) (void)cudaFree(s.workspace);
     (void)cudaStreamDestroy(s.stream);
     (void)cudaGetLastError();
-    return st.with_context("cuBLASLt workspace");
+    return st.with_context("stream workspace");
   }
   streams_.push_back(s);
   return ok_status();
@@ -266,6 +270,18 @@ Status CudaBackend::synchronize(StreamId stream) {
   TANDEM_CUDA_TRY(cudaSetDevice(index_));
   TANDEM_CUDA_TRY(cudaStreamSynchronize(streams_[static_cast<size_t>(stream)].stream));
   return std::exchange(pending_, Status());
+}
+
+Status CudaBackend::wait_stream(StreamId waiter, StreamId done) {
+  if (!valid_stream(waiter) || !valid_stream(done))
+    return invalid_argument(strfmt("cuda wait_stream(%d, %d) of %zu streams", waiter, done, streams_.size()));
+  if (waiter == done) return ok_status();
+  if (!capturing_) TANDEM_CUDA_TRY(cudaSetDevice(index_));
+  // One event per signalling stream is enough: a wait takes the event's state at the time it is enqueued.
+  const StreamState& d = streams_[static_cast<size_t>(done)];
+  TANDEM_CUDA_TRY(cudaEventRecord(d.done, d.stream));
+  TANDEM_CUDA_TRY(cudaStreamWaitEvent(streams_[static_cast<size_t>(waiter)].stream, d.done, 0));
+  return ok_status();
 }
 
 Status CudaBackend::last_error() {
@@ -426,14 +442,15 @@ void CudaBackend::rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next) {
   if (pt >= 0) prof_.end(pt, cuda_stream(current_), rms_norm_label(a) + " + rms_norm");
 }
 
-void CudaBackend::rms_norm_batch(std::span<const RmsNormArgs> jobs) {
-  // One launch when the jobs share a shape and geometry and are independent; otherwise one rms_norm each.
-  if (jobs.size() < 2 || !rms_norm_batch_fusable(jobs)) return Backend::rms_norm_batch(jobs);
-  for (const RmsNormArgs& a : jobs) expect_rms_norm(a);
+void CudaBackend::rms_norm_seq(std::span<const RmsNormArgs> stages) {
+  // One launch when every stage has the first one's rows and geometry and reads earlier outputs only as whole
+  // tensors; otherwise one rms_norm each, in order.
+  if (stages.size() < 2 || !rms_norm_seq_fusable(stages)) return Backend::rms_norm_seq(stages);
+  for (const RmsNormArgs& a : stages) expect_rms_norm(a);
   if (!activate()) return;
   const int pt = prof_.begin(cuda_stream(current_));
-  record(launch_rms_norm_batch(jobs, cuda_stream(current_)));
-  if (pt >= 0) prof_.end(pt, cuda_stream(current_), strfmt("rms_norm x%zu", jobs.size()));
+  record(launch_rms_norm_seq(stages, cuda_stream(current_)));
+  if (pt >= 0) prof_.end(pt, cuda_stream(current_), strfmt("rms_norm seq x%zu", stages.size()));
 }
 
 void CudaBackend::rope(const RopeArgs& a) {

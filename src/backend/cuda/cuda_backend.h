@@ -44,6 +44,10 @@ class CudaBackend final : public Backend {
   void set_stream(StreamId stream) override;
   // Waits for `stream`; returns its failure, else the first recorded op failure (then cleared).
   Status synchronize(StreamId stream = kDefaultStream) override;
+  [[nodiscard]] StreamId current_stream() const override { return current_; }
+  // True unless TANDEM_BRANCHES=0.
+  [[nodiscard]] bool concurrent_streams() const override { return concurrent_streams_; }
+  Status wait_stream(StreamId waiter, StreamId done) override;
   Status last_error() override;
 
   Result<GraphId> capture(const std::function<Status()>& body) override;
@@ -72,12 +76,11 @@ class CudaBackend final : public Backend {
   void linear_gelu_mul(const LinearGeluMulArgs& a) override;
   void linear_group(const LinearGroupArgs& a) override;
   void rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next) override;
-  void rms_norm_batch(std::span<const RmsNormArgs> jobs) override;
+  void rms_norm_seq(std::span<const RmsNormArgs> stages) override;
   void kv_norm_write(const KvNormWriteArgs& a) override;
 
   // CUDA extras (tests, benches, CUDA graphs later).
   [[nodiscard]] cudaStream_t cuda_stream(StreamId id) const;
-  [[nodiscard]] StreamId current_stream() const { return current_; }
   // Which implementation linear(a) would use (plans the cuBLASLt call on first use of a shape).
   Result<LinearPath> linear_path(const LinearArgs& a);
   [[nodiscard]] size_t gemm_plan_count() const { return gemm_->plan_count(); }
@@ -101,7 +104,7 @@ class CudaBackend final : public Backend {
   bool activate();
   // Keeps the first failure until it is reported.
   void record(Status s);
-  // rms_norm's argument checks (also for each job of rms_norm_batch).
+  // rms_norm's argument checks (also for each stage of rms_norm_seq).
   void expect_rms_norm(const RmsNormArgs& a) const;
   // The current stream's workspace and the SM count, for attention's split-K and the MoE intermediates.
   [[nodiscard]] Scratch scratch() const;
@@ -110,6 +113,7 @@ class CudaBackend final : public Backend {
   struct StreamState {
     cudaStream_t stream = nullptr;
     void* workspace = nullptr;  // cuBLASLt workspace, Gemm::kWorkspaceBytes
+    cudaEvent_t done = nullptr;  // wait_stream(x, this stream) records it here
   };
   int index_;
   cudaDeviceProp props_{};
@@ -119,6 +123,7 @@ class CudaBackend final : public Backend {
   Status pending_;
   bool capturing_ = false;                 // inside capture(): ops skip cudaSetDevice
   int fused_gemv_rows_ = 2;                // see set_fused_gemv_rows
+  bool concurrent_streams_ = true;         // TANDEM_BRANCHES
   std::vector<cudaGraphExec_t> graphs_;    // by GraphId; released slots are null
   OpProfiler prof_;
 };

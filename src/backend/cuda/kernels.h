@@ -21,11 +21,12 @@ Status launch_rope(const RopeArgs& a, cudaStream_t stream);
 // (same norm geometry as a.x), next has no epilogue, and the dtypes are f32/bf16.
 bool rms_norm_then_fusable(const RmsNormArgs& a, const RmsNormArgs& next);
 Status launch_rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next, cudaStream_t stream);
-// Independent rms_norms in one launch (one grid row per job), each bit-identical to its own rms_norm, when there are
-// 1..4 of them with equal rows, dim, dtypes and norm geometry, contiguous, no RoPE, and no job writes bytes another
-// reads or writes.
-bool rms_norm_batch_fusable(std::span<const RmsNormArgs> jobs);
-Status launch_rms_norm_batch(std::span<const RmsNormArgs> jobs, cudaStream_t stream);
+// rms_norms applied in order in one launch (one block per row runs every stage), each stage bit-identical to its own
+// rms_norm, when there are 2..4 stages with equal rows, dim and norm geometry, one x dtype and one out dtype,
+// contiguous, no RoPE, and every tensor of a stage that overlaps an earlier stage's out is that out exactly (same
+// data pointer and dtype): each thread then reads and writes the same elements in every stage.
+bool rms_norm_seq_fusable(std::span<const RmsNormArgs> stages);
+Status launch_rms_norm_seq(std::span<const RmsNormArgs> stages, cudaStream_t stream);
 // kv_norm_write in one launch, bit-identical to rms_norm (+RoPE), rms_norm, kv_write, when k/v are contiguous
 // bf16 or f32 like the cache and both norms read with the same vector width.
 bool kv_norm_write_fusable(const KvNormWriteArgs& a);

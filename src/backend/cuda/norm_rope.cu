@@ -188,8 +188,7 @@ __global__ void rms_norm_kernel(TO* out, const TX* x, NormWeight w, NormEpilogue
   rms_norm_row<TX, TO, V>(out, x, w, e, dim, eps, blockIdx.x);
 }
 
-// rms_norm_batch: independent norms of equal shape, dtypes and geometry; job blockIdx.y, row blockIdx.x, through
-// the same row code as rms_norm_kernel (so each job's bits are those of its own launch).
+// One norm of rms_norm_seq (its stages are applied in order).
 struct NormJob {
   void* out = nullptr;
   const void* x = nullptr;
@@ -202,11 +201,17 @@ struct NormJobs {
   NormJob j[kMaxNormJobs];
 };
 
+// rms_norm_seq: the stages one after the other, block blockIdx.x taking row blockIdx.x of every stage. Every stage
+// has the same geometry, so each thread reads and writes the same elements of a row in each one (row_inv_rms and
+// both passes of rms_norm_row), and a stage reading an earlier one's out sees this thread's own stores: no barrier
+// between stages beyond those inside the reductions.
 template <class TX, class TO, int V>
-__global__ void rms_norm_jobs_kernel(NormJobs jobs, int64_t dim) {
+__global__ void rms_norm_seq_kernel(NormJobs jobs, int n, int64_t dim) {
   pdl_enter();
-  const NormJob& j = jobs.j[blockIdx.y];
-  rms_norm_row<TX, TO, V>(static_cast<TO*>(j.out), static_cast<const TX*>(j.x), j.w, j.e, dim, j.eps, blockIdx.x);
+  for (int s = 0; s < n; ++s) {
+    const NormJob& j = jobs.j[s];
+    rms_norm_row<TX, TO, V>(static_cast<TO*>(j.out), static_cast<const TX*>(j.x), j.w, j.e, dim, j.eps, blockIdx.x);
+  }
 }
 
 // Launch geometry of the norm's reduction, from x alone (so the fused variants reduce in the same order as the
@@ -265,18 +270,20 @@ Status rms_norm_typed(const RmsNormArgs& a, cudaStream_t stream, const RmsNormAr
   return ok_status();
 }
 
+// rms_norm_seq's launch: one block per row, the stages in order.
 template <class TX, class TO>
-Status rms_norm_batch_typed(std::span<const RmsNormArgs> jobs, cudaStream_t stream) {
-  const int64_t dim = jobs[0].x.dim(-1), rows = jobs[0].x.rows();
+Status rms_norm_seq_typed(std::span<const RmsNormArgs> stages, cudaStream_t stream) {
+  const int64_t dim = stages[0].x.dim(-1), rows = stages[0].x.rows();
   if (rows == 0 || dim == 0) return ok_status();
-  const NormGeometry g = norm_geometry(jobs[0].x);
+  const NormGeometry g = norm_geometry(stages[0].x);
   NormJobs k;
-  for (size_t i = 0; i < jobs.size(); ++i) k.j[i] = norm_job(jobs[i], g, nullptr);
-  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(jobs.size()));
+  for (size_t i = 0; i < stages.size(); ++i) k.j[i] = norm_job(stages[i], g, nullptr);
+  const int n = static_cast<int>(stages.size());
+  const auto grid = static_cast<unsigned>(rows);
   if (g.v == 8) {
-    launch_kernel(rms_norm_jobs_kernel<TX, TO, 8>, grid, g.threads, 0, stream, k, dim);
+    launch_kernel(rms_norm_seq_kernel<TX, TO, 8>, grid, g.threads, 0, stream, k, n, dim);
   } else {
-    launch_kernel(rms_norm_jobs_kernel<TX, TO, 1>, grid, g.threads, 0, stream, k, dim);
+    launch_kernel(rms_norm_seq_kernel<TX, TO, 1>, grid, g.threads, 0, stream, k, n, dim);
   }
   TANDEM_CUDA_TRY_LAUNCH();
   return ok_status();
@@ -561,12 +568,12 @@ Status launch_rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next, cudaS
   return rms_norm_typed<bf16, float>(a, stream, &next);
 }
 
-bool rms_norm_batch_fusable(std::span<const RmsNormArgs> jobs) {
-  if (jobs.empty() || jobs.size() > static_cast<size_t>(kMaxNormJobs)) return false;
-  const RmsNormArgs& a0 = jobs[0];
+bool rms_norm_seq_fusable(std::span<const RmsNormArgs> stages) {
+  if (stages.empty() || stages.size() > static_cast<size_t>(kMaxNormJobs)) return false;
+  const RmsNormArgs& a0 = stages[0];
   if (a0.x.ndim < 1 || !is_act(a0.x.dtype) || !is_act(a0.out.dtype)) return false;
   const NormGeometry g0 = norm_geometry(a0.x);
-  for (const RmsNormArgs& a : jobs) {
+  for (const RmsNormArgs& a : stages) {
     if (!a.rope_pos.empty() || a.x.dtype != a0.x.dtype || a.out.dtype != a0.out.dtype || a.x.ndim < 1 ||
         a.x.dim(-1) != a0.x.dim(-1) || a.x.rows() != a0.x.rows() || a.out.numel() != a.x.numel() ||
         !a.x.is_contiguous() || !a.out.is_contiguous())
@@ -577,26 +584,29 @@ bool rms_norm_batch_fusable(std::span<const RmsNormArgs> jobs) {
     const NormGeometry g = norm_geometry(a.x);
     if (g.v != g0.v || g.threads != g0.threads) return false;
   }
-  // Independent: no job writes what another reads or writes (the blocks of all jobs run at once; every tensor is
-  // contiguous here, so its bytes are one range).
-  for (size_t i = 0; i < jobs.size(); ++i)
-    for (size_t j = 0; j < jobs.size(); ++j) {
+  // Rows are shared out by block and elements by thread alike in every stage, so a stage may read or overwrite
+  // what another stage touches only as the very same tensor (same data and dtype). The weights are read by every
+  // block: no stage may write them.
+  auto same = [](const Tensor& a, const Tensor& b) { return a.data == b.data && a.dtype == b.dtype; };
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const Tensor& out = stages[i].out;
+    for (size_t j = 0; j < stages.size(); ++j) {
+      if (bytes_overlap(out, stages[j].weight)) return false;
       if (i == j) continue;
-      const Tensor& out = jobs[i].out;
-      if (bytes_overlap(out, jobs[j].x) || bytes_overlap(out, jobs[j].out) || bytes_overlap(out, jobs[j].residual) ||
-          bytes_overlap(out, jobs[j].weight))
-        return false;
+      for (const Tensor* t : {&stages[j].x, &stages[j].out, &stages[j].residual})
+        if (bytes_overlap(out, *t) && !same(out, *t)) return false;
     }
+  }
   return true;
 }
 
-Status launch_rms_norm_batch(std::span<const RmsNormArgs> jobs, cudaStream_t stream) {
-  if (!rms_norm_batch_fusable(jobs)) return internal_error("cuda rms_norm_batch: arguments it does not fuse");
-  const DType xt = jobs[0].x.dtype, ot = jobs[0].out.dtype;
-  if (xt == DType::kBF16 && ot == DType::kBF16) return rms_norm_batch_typed<bf16, bf16>(jobs, stream);
-  if (xt == DType::kF32 && ot == DType::kF32) return rms_norm_batch_typed<float, float>(jobs, stream);
-  if (xt == DType::kF32 && ot == DType::kBF16) return rms_norm_batch_typed<float, bf16>(jobs, stream);
-  return rms_norm_batch_typed<bf16, float>(jobs, stream);
+Status launch_rms_norm_seq(std::span<const RmsNormArgs> stages, cudaStream_t stream) {
+  if (!rms_norm_seq_fusable(stages)) return internal_error("cuda rms_norm_seq: arguments it does not fuse");
+  const DType xt = stages[0].x.dtype, ot = stages[0].out.dtype;
+  if (xt == DType::kBF16 && ot == DType::kBF16) return rms_norm_seq_typed<bf16, bf16>(stages, stream);
+  if (xt == DType::kF32 && ot == DType::kF32) return rms_norm_seq_typed<float, float>(stages, stream);
+  if (xt == DType::kF32 && ot == DType::kBF16) return rms_norm_seq_typed<float, bf16>(stages, stream);
+  return rms_norm_seq_typed<bf16, float>(stages, stream);
 }
 
 Status launch_rope(const RopeArgs& a, cudaStream_t stream) {
