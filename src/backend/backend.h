@@ -130,6 +130,19 @@ class Backend : public Allocator {
     rms_norm({.out = w.v_new, .x = w.v_new, .weight = Tensor(), .eps = a.eps});
     kv_write(w);
   }
+  // Composite op: the per-layer-input block (ops.h PerLayerInputArgs); CUDA runs it as one launch for one token.
+  virtual void per_layer_input(const PerLayerInputArgs& a) {
+    rms_norm({.out = a.x, .x = a.f, .weight = a.post_ffn_norm, .eps = a.eps, .residual = a.x});
+    linear_gelu_mul({.out = a.gate_out, .x = a.x, .w = a.gate, .up = a.ple});
+    linear({.out = a.proj_out, .x = a.gate_out, .w = a.proj});
+    const RmsNormArgs post{
+        .out = a.x, .x = a.proj_out, .weight = a.post_norm, .eps = a.eps, .residual = a.x, .out_scale = a.layer_scalar};
+    if (a.next_out.empty()) {
+      rms_norm(post);
+    } else {
+      rms_norm_then(post, {.out = a.next_out, .x = a.x, .weight = a.next_norm, .eps = a.eps});
+    }
+  }
   // Composite op: n products unless a backend fuses them (CUDA: one GEMV launch at decode sizes).
   virtual void linear_group(const LinearGroupArgs& a) {
     for (int i = 0; i < a.n; ++i) linear({.out = a.out[i], .x = a.x, .w = a.w[i]});

@@ -156,6 +156,24 @@ struct LinearGeluMulArgs {
   Tensor out, x, w, up;
 };
 
+// The per-layer-input block of the E models after a layer's feed-forward output f (spec §1.4), as these ops
+// compute and round it:
+//   rms_norm({.out = x, .x = f, .weight = post_ffn_norm, .eps = eps, .residual = x})
+//   linear_gelu_mul({.out = gate_out, .x = x, .w = gate, .up = ple})
+//   linear({.out = proj_out, .x = gate_out, .w = proj})
+//   rms_norm({.out = x, .x = proj_out, .weight = post_norm, .eps = eps, .residual = x, .out_scale = layer_scalar})
+//   rms_norm({.out = next_out, .x = x, .weight = next_norm, .eps = eps})   (only when next_out is not empty)
+// x, f, proj_out, next_out [n_tokens, d] act; gate [P, d], proj [d, P]; ple, gate_out [n_tokens, P] act (ple's rows
+// may be strided). gate_out and proj_out are scratch: a backend that fuses the block may leave them unwritten.
+struct PerLayerInputArgs {
+  Tensor x, f, post_ffn_norm;
+  Tensor gate, ple, proj, post_norm;
+  float layer_scalar = 1.f;
+  float eps = 1e-6f;
+  Tensor gate_out, proj_out;
+  Tensor next_out, next_norm;
+};
+
 // Up to kMaxLinearGroup products of one x: out[i] = x @ w[i]^T for i < n (an attention layer's q, k and v
 // projections), each exactly as linear({.out = out[i], .x = x, .w = w[i]}) computes it.
 inline constexpr int kMaxLinearGroup = 3;

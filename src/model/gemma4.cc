@@ -508,19 +508,28 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
           .out = xn, .x = x, .weight = w_.layers[static_cast<size_t>(i) + 1].input_norm, .eps = tc.rms_eps};
     backend_.rms_norm_seq(std::span<const RmsNormArgs>(tail, static_cast<size_t>(n_tail)));
   } else {
-    tail[n_tail++] = post_ffn;
-    backend_.rms_norm_seq(std::span<const RmsNormArgs>(tail, static_cast<size_t>(n_tail)));
-    // Per-layer input: x += norm(proj(gelu(gate(x)) * ple_i)) (spec §1.4).
+    if (n_tail > 0) backend_.rms_norm_seq(std::span<const RmsNormArgs>(tail, static_cast<size_t>(n_tail)));
+    // Per-layer input: x = (x + norm(f)) then x += norm(proj(gelu(gate(x)) * ple_i)), times layer_scalar (spec
+    // §1.4), and the next layer's input norm, in one op.
     const int64_t P = tc.ple_dim;
-    const Tensor pg = ws.ple_tmp.view(act, {rows, P});
     // Layer i's inputs: columns [i*P, (i+1)*P) of the [rows, n_layers * P] per-layer inputs (row-strided).
     Tensor pl = ws.ple.view(act, {rows, tc.n_layers * P});
     pl.shape[1] = P;
     pl.data = static_cast<char*>(pl.data) + static_cast<size_t>(i * P) * dtype_size(act);
-    backend_.linear_gelu_mul({.out = pg, .x = x, .w = lw.ple.gate, .up = pl});
-    backend_.linear({.out = o, .x = pg, .w = lw.ple.proj});
-    residual_norm_then_next_input(
-        {.out = x, .x = o, .weight = lw.ple.post_norm, .eps = tc.rms_eps, .residual = x, .out_scale = layer_scalar});
+    const bool has_next = i + 1 < tc.n_layers;
+    backend_.per_layer_input({.x = x,
+                              .f = f,
+                              .post_ffn_norm = lw.post_ffn_norm,
+                              .gate = lw.ple.gate,
+                              .ple = pl,
+                              .proj = lw.ple.proj,
+                              .post_norm = lw.ple.post_norm,
+                              .layer_scalar = layer_scalar,
+                              .eps = tc.rms_eps,
+                              .gate_out = ws.ple_tmp.view(act, {rows, P}),
+                              .proj_out = o,
+                              .next_out = has_next ? xn : Tensor(),
+                              .next_norm = has_next ? w_.layers[static_cast<size_t>(i) + 1].input_norm : Tensor()});
   }
   return ok_status();
 }

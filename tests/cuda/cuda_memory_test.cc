@@ -106,6 +106,30 @@ TEST_F(CudaMemory, OpsRunOnTheCurrentStream) {
   expect_close(x.host(), want, tolerance_for(DType::kF32));
 }
 
+TEST_F(CudaMemory, WaitStreamOrdersTwoStreams) {
+  // A fork and a join: stream s waits for a large upload on the default stream before copying its result, and the
+  // default stream waits for s before reading that copy back. Without the waits the copies would race (64 MiB
+  // takes milliseconds from pageable memory).
+  Result<StreamId> s = be().create_stream();
+  ASSERT_TRUE(s.ok());
+  EXPECT_TRUE(be().concurrent_streams());
+  const size_t n = size_t{64} << 20;
+  Buffer a = be().alloc(n).value(), b = be().alloc(n).value();
+  ASSERT_TRUE(be().memset_zero(b.data(), n, *s).ok());
+  ASSERT_TRUE(be().synchronize(*s).ok());
+  const auto bytes = random_bytes(n, 21);
+  ASSERT_TRUE(be().copy(a.data(), bytes.data(), n, CopyKind::kHostToDevice).ok());
+  ASSERT_TRUE(be().wait_stream(*s, kDefaultStream).ok());
+  ASSERT_TRUE(be().copy(b.data(), a.data(), n, CopyKind::kDeviceToDevice, *s).ok());
+  ASSERT_TRUE(be().wait_stream(kDefaultStream, *s).ok());
+  std::vector<uint8_t> back(n);
+  ASSERT_TRUE(be().copy(back.data(), b.data(), n, CopyKind::kDeviceToHost).ok());
+  ASSERT_TRUE(be().synchronize().ok());
+  EXPECT_EQ(std::memcmp(back.data(), bytes.data(), n), 0);
+  EXPECT_EQ(be().wait_stream(*s, 1000).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(be().wait_stream(-1, *s).code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(CudaMemory, AbsurdAllocationIsAStatusAndLeavesNoError) {
   Result<Buffer> huge = be().alloc(size_t{1} << 60);
   ASSERT_FALSE(huge.ok());

@@ -113,6 +113,7 @@ Status CudaBackend::init() {
   set_weight_prefetch(!switched_off("TANDEM_WEIGHT_PREFETCH"));
   set_gemv_balance(!switched_off("TANDEM_GEMV_BALANCE"));
   concurrent_streams_ = !switched_off("TANDEM_BRANCHES");
+  set_fused_per_layer_input(!switched_off("TANDEM_FUSED_PLE"));
   if (const char* fit = std::getenv("TANDEM_GEMV_FIT")) {
     if (std::string_view(fit) == "0" || std::string_view(fit) == "1" || std::string_view(fit) == "2") {
       set_gemv_fit(fit[0] - '0');
@@ -440,6 +441,20 @@ void CudaBackend::rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next) {
   const int pt = prof_.begin(cuda_stream(current_));
   record(launch_rms_norm_then(a, next, cuda_stream(current_)));
   if (pt >= 0) prof_.end(pt, cuda_stream(current_), rms_norm_label(a) + " + rms_norm");
+}
+
+void CudaBackend::per_layer_input(const PerLayerInputArgs& a) {
+  // One launch for one token where it gives the composite's bits (its products on the GEMV); else the composite.
+  if (gemm_->gemv_mode() == GemvMode::kOff || !per_layer_input_fusable(a)) return Backend::per_layer_input(a);
+  for (const Tensor* t : {&a.x, &a.f, &a.gate, &a.proj}) expect_gpu(*t, index_, "per_layer_input", "x/f/w");
+  expect_gpu(a.ple, index_, "per_layer_input", "ple", /*contiguous=*/false);
+  for (const Tensor* t : {&a.post_ffn_norm, &a.post_norm, &a.next_out, &a.next_norm})
+    if (!t->empty()) expect_gpu(*t, index_, "per_layer_input", "norm");
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_per_layer_input(a, cuda_stream(current_)));
+  if (pt >= 0)
+    prof_.end(pt, cuda_stream(current_), strfmt("per_layer_input 1x%lld", static_cast<long long>(a.x.dim(-1))));
 }
 
 void CudaBackend::rms_norm_seq(std::span<const RmsNormArgs> stages) {

@@ -279,6 +279,7 @@ void set_gemv_fit(int mode) { fit_mode().store(mode, std::memory_order_relaxed);
 void set_gemv_balance(bool on) { balance_flag().store(on, std::memory_order_relaxed); }
 bool gemv_balance() { return balance_flag().load(std::memory_order_relaxed); }
 bool weight_prefetch() { return weight_prefetch_flag().load(std::memory_order_relaxed); }
+int gemv_block_threads(int64_t n_in) { return block_threads(n_in / 8); }
 
 bool gemv_eligible(const LinearArgs& a) {
   const int64_t rows = a.x.rows();

@@ -86,6 +86,9 @@ void set_gemv_fit(int mode);
 // In mode 1, rows longer than one pass take their passes of at most 256 threads evenly (TANDEM_GEMV_BALANCE=0: 256).
 void set_gemv_balance(bool on);
 bool gemv_balance();
+// The threads per block of a GEMV over rows of n_in values under the current mode (one thread per 16-byte chunk
+// when the row fits one pass).
+int gemv_block_threads(int64_t n_in);
 bool gemv_eligible(const LinearArgs& a);
 Status launch_gemv(const LinearArgs& a, int sm_count, cudaStream_t stream);
 // The fused products below take 1..max_rows rows (CudaBackend's fused_gemv_rows(), at most 9).
@@ -103,5 +106,14 @@ Status launch_linear_gelu_mul_gemv(const LinearGeluMulArgs& a, int sm_count, cud
 // gemm.cu: the plain kernel behind linear() for what cuBLASLt cannot take (odd sizes, f32 operands);
 // the cuBLASLt path lives in class Gemm (gemm.h).
 Status launch_linear_simple(const LinearArgs& a, cudaStream_t stream);
+
+// per_layer_input.cu
+// The per-layer-input block for one token as one launch of a 16-block cluster, bit-identical to the composite op
+// when its products run on the GEMV: x [1, d] bf16 with d a multiple of 256 up to 2560, P = 256, bf16 weights and
+// activations, 16-byte aligned, GEMV rows in one pass, and a GPU that places 16-block clusters. On unless
+// TANDEM_FUSED_PLE=0.
+void set_fused_per_layer_input(bool on);
+bool per_layer_input_fusable(const PerLayerInputArgs& a);
+Status launch_per_layer_input(const PerLayerInputArgs& a, cudaStream_t stream);
 
 }  // namespace tandem::cuda

@@ -13,52 +13,13 @@
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/norm_math.cuh"
 #include "core/strings.h"
 
 namespace tandem::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
-
-// V consecutive elements as f32. V is 1 or 8; with 8 the pointer is 16-byte aligned (checked by the launcher).
-template <class T, int V>
-__device__ __forceinline__ void load_vec(const T* p, float (&v)[V]) {
-  if constexpr (V == 8 && sizeof(T) == 2) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = to_f32(e[j]);
-  } else if constexpr (V == 8 && sizeof(T) == 4) {
-    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-  } else {
-#pragma unroll
-    for (int j = 0; j < V; ++j) v[j] = to_f32(p[j]);
-  }
-}
-
-template <class T, int V>
-__device__ __forceinline__ void store_vec(T* p, const float (&v)[V]) {
-  if constexpr (V == 8 && sizeof(T) == 2) {
-    uint4 raw;
-    T* e = reinterpret_cast<T*>(&raw);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) e[j] = from_f32<T>(v[j]);
-    *reinterpret_cast<uint4*>(p) = raw;
-  } else if constexpr (V == 8 && sizeof(T) == 4) {
-    reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
-    reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
-  } else {
-#pragma unroll
-    for (int j = 0; j < V; ++j) p[j] = from_f32<T>(v[j]);
-  }
-}
-
-struct NormWeight {
-  const void* data = nullptr;  // [dim] or nullptr (weightless norm)
-  DType dtype = DType::kF32;
-};
 
 // The fused epilogue of rms_norm (ops.h): out = (residual + y) * out_scale, each stage rounded to out's dtype.
 struct NormEpilogue {
@@ -73,45 +34,6 @@ struct NormEpilogue {
   float next_eps = 0.f;
 };
 
-// V elements from p, as vector accesses when `vec` (p 16-byte aligned), else one by one.
-template <class T, int V>
-__device__ __forceinline__ void load_any(const T* p, float (&v)[V], bool vec) {
-  if (vec) {
-    load_vec<T, V>(p, v);
-  } else {
-#pragma unroll
-    for (int j = 0; j < V; ++j) v[j] = to_f32(p[j]);
-  }
-}
-
-template <class T, int V>
-__device__ __forceinline__ void store_any(T* p, const float (&v)[V], bool vec) {
-  if (vec) {
-    store_vec<T, V>(p, v);
-  } else {
-#pragma unroll
-    for (int j = 0; j < V; ++j) p[j] = from_f32<T>(v[j]);
-  }
-}
-
-template <int V>
-__device__ __forceinline__ void load_weight(const NormWeight& w, int64_t i, float (&v)[V], bool vec) {
-  if (w.data == nullptr) {
-#pragma unroll
-    for (int j = 0; j < V; ++j) v[j] = 1.f;
-  } else if (w.dtype == DType::kBF16) {
-    load_any<bf16, V>(static_cast<const bf16*>(w.data) + i, v, vec);
-  } else {
-    load_any<float, V>(static_cast<const float*>(w.data) + i, v, vec);
-  }
-}
-
-// v as the separate op would have stored it in a T tensor (identity for f32).
-template <class T>
-__device__ __forceinline__ float round_as(float v) {
-  return to_f32(from_f32<T>(v));
-}
-
 // (mean(x^2) + eps)^-0.5 of row xr, reduced over the block. Threads [0, n_active) read the row with stride
 // n_active * V; the others (RoPE variant) add zeros, which changes no bit of the sum. So the result depends only on
 // (x, dim, V, n_active), and rms_norm and its RoPE variant agree when launched with the same V and n_active.
@@ -122,13 +44,10 @@ __device__ __forceinline__ float row_inv_rms(const TX* xr, int64_t dim, int n_ac
     for (int64_t i = threadIdx.x * V; i < dim; i += static_cast<int64_t>(n_active) * V) {
       float v[V];
       load_vec<TX, V>(xr + i, v);
-#pragma unroll
-      for (int j = 0; j < V; ++j) ss += v[j] * v[j];
+      ss = add_squares<V>(v, ss);
     }
   }
-  ss = block_sum(ss);
-  // HF writes pow(ms + eps, -0.5); PyTorch's CUDA pow evaluates an exponent of -0.5 as rsqrt.
-  return rsqrtf(ss / static_cast<float>(dim) + eps);
+  return inv_rms_of(block_sum(ss), dim, eps);
 }
 
 // Row `row`: y = x * rsqrt(mean(x^2) + eps) * w, then the epilogue. Pass 2 re-reads x (from L1/L2) so any dim
@@ -143,40 +62,28 @@ __device__ __forceinline__ void rms_norm_row(TO* out, const TX* x, const NormWei
   const int64_t step = static_cast<int64_t>(blockDim.x) * V;
   float ss_next = 0.f;
   for (int64_t i = threadIdx.x * V; i < dim; i += step) {
-    float v[V], wv[V];
+    float v[V], wv[V], rv[V];
     load_vec<TX, V>(xr + i, v);
     load_weight<V>(w, i, wv, e.vec_io);
-#pragma unroll
-    for (int j = 0; j < V; ++j) v[j] = v[j] * inv * wv[j];
-    if (resr) {  // add(out, residual, y): y as stored, then the sum (never contracted into an FMA with the norm)
-      float rv[V];
-      load_any<TO, V>(resr + i, rv, e.vec_io);
-#pragma unroll
-      for (int j = 0; j < V; ++j) v[j] = __fadd_rn(rv[j], round_as<TO>(v[j]));
-    }
-    if (e.out_scale != 1.f) {  // scale(out, out_scale)
-#pragma unroll
-      for (int j = 0; j < V; ++j) v[j] = round_as<TO>(v[j]) * e.out_scale;
-    }
+    if (resr) load_any<TO, V>(resr + i, rv, e.vec_io);
+    norm_out<TO, V>(v, inv, wv, resr ? rv : nullptr, e.out_scale);
     store_any<TO, V>(outr + i, v, e.vec_io);
     if (e.next_out) {  // the next norm's sum of squares, over the values as stored, in row_inv_rms's order
+      float r[V];
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float r = round_as<TO>(v[j]);
-        ss_next += r * r;
-      }
+      for (int j = 0; j < V; ++j) r[j] = round_as<TO>(v[j]);
+      ss_next = add_squares<V>(r, ss_next);
     }
   }
   if (e.next_out == nullptr) return;
   // The next norm (no epilogue): re-read the stored row (this thread's own elements) and scale it.
-  const float inv_next = rsqrtf(block_sum(ss_next) / static_cast<float>(dim) + e.next_eps);
+  const float inv_next = inv_rms_of(block_sum(ss_next), dim, e.next_eps);
   TO* nextr = static_cast<TO*>(e.next_out) + row * dim;
   for (int64_t i = threadIdx.x * V; i < dim; i += step) {
     float v[V], wv[V];
     load_vec<TO, V>(outr + i, v);
     load_weight<V>(e.next_w, i, wv, e.vec_io);
-#pragma unroll
-    for (int j = 0; j < V; ++j) v[j] = v[j] * inv_next * wv[j];
+    norm_out<TO, V>(v, inv_next, wv, nullptr, 1.f);
     store_any<TO, V>(nextr + i, v, e.vec_io);
   }
 }

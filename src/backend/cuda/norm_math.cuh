@@ -1,0 +1,133 @@
+// The element math of RMSNorm on the GPU (spec §1.2), shared by the norm kernels (norm_rope.cu) and the kernels
+// that run a norm inside a larger step (per_layer_input.cu): vector loads and stores of V = 1 or 8 elements, the
+// norm weight, and the arithmetic of one thread's elements, so that every kernel computing a norm rounds and adds
+// exactly as rms_norm does. Included only by .cu files.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "backend/cuda/device_utils.cuh"
+#include "tensor/dtype.h"
+
+namespace tandem::cuda {
+
+// V consecutive elements as f32. V is 1 or 8; with 8 the pointer is 16-byte aligned (checked by the launcher).
+template <class T, int V>
+__device__ __forceinline__ void load_vec(const T* p, float (&v)[V]) {
+  if constexpr (V == 8 && sizeof(T) == 2) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = to_f32(e[j]);
+  } else if constexpr (V == 8 && sizeof(T) == 4) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    v[0] = a.x;
+    v[1] = a.y;
+    v[2] = a.z;
+    v[3] = a.w;
+    v[4] = b.x;
+    v[5] = b.y;
+    v[6] = b.z;
+    v[7] = b.w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = to_f32(p[j]);
+  }
+}
+
+template <class T, int V>
+__device__ __forceinline__ void store_vec(T* p, const float (&v)[V]) {
+  if constexpr (V == 8 && sizeof(T) == 2) {
+    uint4 raw;
+    T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) e[j] = from_f32<T>(v[j]);
+    *reinterpret_cast<uint4*>(p) = raw;
+  } else if constexpr (V == 8 && sizeof(T) == 4) {
+    reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) p[j] = from_f32<T>(v[j]);
+  }
+}
+
+struct NormWeight {
+  const void* data = nullptr;  // [dim] or nullptr (weightless norm)
+  DType dtype = DType::kF32;
+};
+
+// V elements from p, as vector accesses when `vec` (p 16-byte aligned), else one by one.
+template <class T, int V>
+__device__ __forceinline__ void load_any(const T* p, float (&v)[V], bool vec) {
+  if (vec) {
+    load_vec<T, V>(p, v);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = to_f32(p[j]);
+  }
+}
+
+template <class T, int V>
+__device__ __forceinline__ void store_any(T* p, const float (&v)[V], bool vec) {
+  if (vec) {
+    store_vec<T, V>(p, v);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) p[j] = from_f32<T>(v[j]);
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void load_weight(const NormWeight& w, int64_t i, float (&v)[V], bool vec) {
+  if (w.data == nullptr) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = 1.f;
+  } else if (w.dtype == DType::kBF16) {
+    load_any<__nv_bfloat16, V>(static_cast<const __nv_bfloat16*>(w.data) + i, v, vec);
+  } else {
+    load_any<float, V>(static_cast<const float*>(w.data) + i, v, vec);
+  }
+}
+
+// v as the separate op would have stored it in a T tensor (identity for f32).
+template <class T>
+__device__ __forceinline__ float round_as(float v) {
+  return to_f32(from_f32<T>(v));
+}
+
+// ss + the squares of v in element order: one thread's share of a row's sum of squares.
+template <int V>
+__device__ __forceinline__ float add_squares(const float (&v)[V], float ss) {
+#pragma unroll
+  for (int j = 0; j < V; ++j) ss += v[j] * v[j];
+  return ss;
+}
+
+// (mean(x^2) + eps)^-0.5 from the row's sum of squares. HF writes pow(ms + eps, -0.5); PyTorch's CUDA pow
+// evaluates an exponent of -0.5 as rsqrt.
+__device__ __forceinline__ float inv_rms_of(float ss, int64_t dim, float eps) {
+  return rsqrtf(ss / static_cast<float>(dim) + eps);
+}
+
+// rms_norm's output math on V elements of out's dtype TO: v = x * inv * w, then + residual (the normed value
+// rounded first, never contracted into an FMA) when res is given, then * out_scale (rounded first) when it is not
+// 1. The caller's store rounds the result.
+template <class TO, int V>
+__device__ __forceinline__ void norm_out(float (&v)[V], float inv, const float (&w)[V], const float* res,
+                                         float out_scale) {
+#pragma unroll
+  for (int j = 0; j < V; ++j) v[j] = v[j] * inv * w[j];
+  if (res) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = __fadd_rn(res[j], round_as<TO>(v[j]));
+  }
+  if (out_scale != 1.f) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = round_as<TO>(v[j]) * out_scale;
+  }
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,235 @@
+// per_layer_input (ops.h PerLayerInputArgs) for one token as one launch: a cluster of 16 blocks runs the E models'
+// per-layer-input block, four dependent launches of the composite op (norm, gate GEMV + gelu_mul, projection GEMV,
+// norm + next layer's input norm), with the cluster barrier between the steps instead of a kernel boundary.
+//
+// Every step computes as the composite's kernel does, so the results are bit-identical to it:
+//  - a block has d / 8 threads, the norms' geometry (one thread per 8 elements in one pass); every block computes
+//    x + norm(f) itself (a few KB from L2) with rms_norm's element math (norm_math.cuh);
+//  - block b computes gate rows [16 b, 16 b + 16) as the GEMV does for rows of d / 8 chunks in one pass of d / 8
+//    threads (gemv.cu: one chunk per thread, warp sums, the warps' partial sums in order, then gelu_mul's rounding);
+//  - the 256 gelu_mul outputs are exchanged through distributed shared memory; block b computes projection rows
+//    [b d / 16, (b + 1) d / 16), a warp per row with one 16-byte chunk per lane, as the GEMV does for K = 256;
+//  - block 0 gathers the projection and runs the residual norm (with layer_scalar) and the next input norm.
+// The weights (16 KB-80 KB per block) are requested into registers before the wait for the kernel before, so
+// their fetch overlaps it. Shapes it does not take (other widths, more tokens, GEMV geometries of another
+// TANDEM_GEMV_FIT mode) run the composite.
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+
+#include <atomic>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/norm_math.cuh"
+#include "core/strings.h"
+
+namespace tandem::cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+using bf16 = __nv_bfloat16;
+
+constexpr int kCluster = 16;                // blocks per cluster (a non-portable size: sm_90 allows 16)
+constexpr int kPle = 256;                   // the per-layer-input width P this kernel takes (E2B, E4B)
+constexpr int kGateRows = kPle / kCluster;  // gate rows per block
+constexpr int kProjRows = 256 / kCluster;   // projection rows per warp: d / 16 rows over d / 256 warps
+constexpr int kMaxThreads = 320;            // d <= 2560: the weights in registers leave room for no more
+constexpr int kMaxProjRowsPerBlock = kMaxThreads / kWarp * kProjRows;
+
+struct PliParams {
+  bf16* x;
+  const bf16* f;
+  const bf16* gate;
+  const bf16* ple;
+  const bf16* proj;
+  bf16* next_out;  // or null
+  NormWeight w_ffn, w_post, w_next;
+  float layer_scalar, eps;
+  int64_t d;
+};
+
+__global__ void __launch_bounds__(kMaxThreads, 1) per_layer_input_kernel(PliParams p) {
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int t = static_cast<int>(threadIdx.x), lane = t % kWarp, warp = t / kWarp;
+  const int n_warps = static_cast<int>(blockDim.x) / kWarp;
+  const int64_t d = p.d, chunks = d / 8;  // chunks == blockDim.x
+  const int64_t proj_row0 = static_cast<int64_t>(rank) * (d / kCluster) + static_cast<int64_t>(warp) * kProjRows;
+
+  // This block's weights, requested before the wait: chunk t of its gate rows, chunk `lane` of its warp's
+  // projection rows (rows of P = 256 values are 32 chunks).
+  uint4 wg[kGateRows], wp[kProjRows];
+#pragma unroll
+  for (int r = 0; r < kGateRows; ++r)
+    wg[r] = __ldcs(reinterpret_cast<const uint4*>(p.gate) + (rank * kGateRows + r) * chunks + t);
+#pragma unroll
+  for (int r = 0; r < kProjRows; ++r)
+    wp[r] = __ldcs(reinterpret_cast<const uint4*>(p.proj) + (proj_row0 + r) * (kPle / 8) + lane);
+  pdl_enter();
+
+  // 1. x1 = x + norm(f) * w_ffn (rms_norm with a residual), this thread's 8 elements, rounded as stored.
+  float x1[8];
+  {
+    float fv[8], wv[8], rv[8];
+    load_vec<bf16, 8>(p.f + 8 * t, fv);
+    const float inv = inv_rms_of(block_sum(add_squares<8>(fv, 0.f)), d, p.eps);
+    load_weight<8>(p.w_ffn, 8 * t, wv, true);
+    load_vec<bf16, 8>(p.x + 8 * t, rv);
+    norm_out<bf16, 8>(fv, inv, wv, rv, 1.f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x1[j] = round_as<bf16>(fv[j]);
+  }
+
+  // 2. The gate rows of this block: gelu(round(x1 . g_r)) * ple_r, rounded as linear then gelu_mul round.
+  __shared__ float partial[kMaxThreads / kWarp][kGateRows];
+  __shared__ __align__(16) bf16 pg[kGateRows];
+  {
+    uint4 xc;
+    bf16* xe = reinterpret_cast<bf16*>(&xc);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) xe[j] = from_f32<bf16>(x1[j]);
+#pragma unroll
+    for (int r = 0; r < kGateRows; ++r) {
+      const float v = warp_sum(dot8_bf16(wg[r], xc, 0.f));
+      if (lane == 0) partial[warp][r] = v;
+    }
+  }
+  __syncthreads();
+  if (t < kGateRows) {
+    float s = 0.f;
+    for (int j = 0; j < n_warps; ++j) s += partial[j][t];
+    const float g = round_as<bf16>(s);
+    pg[t] = from_f32<bf16>(round_as<bf16>(gelu_tanh(g)) * to_f32(p.ple[rank * kGateRows + t]));
+  }
+  cluster.sync();
+
+  // 3. The projection rows of this warp: lane l holds the gate outputs [8 l, 8 l + 8), which block l / 2 computed.
+  __shared__ __align__(16) bf16 o[kMaxProjRowsPerBlock];
+  {
+    const bf16* src = cluster.map_shared_rank(pg, lane * 8 / kGateRows) + (lane * 8) % kGateRows;
+    const uint4 pc = *reinterpret_cast<const uint4*>(src);
+#pragma unroll
+    for (int r = 0; r < kProjRows; ++r) {
+      const float s = warp_sum(dot8_bf16(wp[r], pc, 0.f));
+      if (lane == 0) o[warp * kProjRows + r] = from_f32<bf16>(0.f + s);
+    }
+  }
+  cluster.sync();
+
+  // 4. Block 0: thread t gathers projection elements [8 t, 8 t + 8) (from block 8 t / (d / 16)), then
+  //    x = (x1 + norm(proj) * w_post) * layer_scalar and the next layer's input norm of x.
+  float ov[8] = {};
+  if (rank == 0) {
+    const int64_t per_block = d / kCluster, e0 = 8 * static_cast<int64_t>(t);
+    const bf16* src = cluster.map_shared_rank(o, static_cast<int>(e0 / per_block)) + e0 % per_block;
+    const uint4 oc = *reinterpret_cast<const uint4*>(src);
+    const bf16* oe = reinterpret_cast<const bf16*>(&oc);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ov[j] = to_f32(oe[j]);
+  }
+  cluster.sync();  // the other blocks' shared memory stays until block 0 has read it
+  if (rank != 0) return;
+  float wv[8];
+  const float inv = inv_rms_of(block_sum(add_squares<8>(ov, 0.f)), d, p.eps);
+  load_weight<8>(p.w_post, 8 * t, wv, true);
+  norm_out<bf16, 8>(ov, inv, wv, x1, p.layer_scalar);
+  store_vec<bf16, 8>(p.x + 8 * t, ov);
+  if (p.next_out == nullptr) return;
+  float xv[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) xv[j] = round_as<bf16>(ov[j]);
+  const float inv_next = inv_rms_of(block_sum(add_squares<8>(xv, 0.f)), d, p.eps);
+  load_weight<8>(p.w_next, 8 * t, wv, true);
+  norm_out<bf16, 8>(xv, inv_next, wv, nullptr, 1.f);
+  store_vec<bf16, 8>(p.next_out + 8 * t, xv);
+}
+
+std::atomic<bool>& fused_flag() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
+// Whether this GPU can place a 16-block cluster of this kernel (asked once; sets the kernel's attribute).
+bool cluster_fits() {
+  static const bool fits = [] {
+    if (cudaFuncSetAttribute(per_layer_input_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    cudaLaunchAttribute attr[1] = {};
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kCluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    const cudaLaunchConfig_t cfg = launch_config(kCluster, kMaxThreads, 0, nullptr, attr, 1);
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, per_layer_input_kernel, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return n > 0;
+  }();
+  return fits;
+}
+
+NormWeight norm_weight(const Tensor& w) { return NormWeight{w.empty() ? nullptr : w.data, w.dtype}; }
+
+bool plain_norm_weight(const Tensor& w, int64_t d) {
+  return w.empty() || ((w.dtype == DType::kBF16 || w.dtype == DType::kF32) && w.numel() == d && aligned16(w.data));
+}
+
+}  // namespace
+
+void set_fused_per_layer_input(bool on) { fused_flag().store(on, std::memory_order_relaxed); }
+
+bool per_layer_input_fusable(const PerLayerInputArgs& a) {
+  if (!fused_flag().load(std::memory_order_relaxed)) return false;
+  constexpr DType kB = DType::kBF16;
+  const int64_t d = a.x.dim(-1);
+  if (a.x.ndim != 2 || a.x.rows() != 1 || d % 256 != 0 || d / 8 > kMaxThreads) return false;
+  for (const Tensor* t : {&a.x, &a.f, &a.gate, &a.proj, &a.ple})
+    if (t->dtype != kB || !aligned16(t->data)) return false;
+  if (!a.x.is_contiguous() || !a.f.is_contiguous() || !a.f.same_shape(a.x) || a.f.data == a.x.data) return false;
+  if (a.gate.ndim != 2 || a.gate.shape[0] != kPle || a.gate.shape[1] != d || !a.gate.is_contiguous()) return false;
+  if (a.proj.ndim != 2 || a.proj.shape[0] != d || a.proj.shape[1] != kPle || !a.proj.is_contiguous()) return false;
+  if (a.ple.ndim != 2 || a.ple.shape[0] != 1 || a.ple.shape[1] != kPle || a.ple.stride[1] != 1) return false;
+  if (!plain_norm_weight(a.post_ffn_norm, d) || !plain_norm_weight(a.post_norm, d)) return false;
+  if (!a.next_out.empty() &&
+      (a.next_out.dtype != kB || !a.next_out.same_shape(a.x) || !a.next_out.is_contiguous() ||
+       !aligned16(a.next_out.data) || a.next_out.data == a.x.data || !plain_norm_weight(a.next_norm, d)))
+    return false;
+  // The two products must be what linear_gelu_mul / linear compute on the GEMV: one pass of one thread per chunk.
+  return gemv_block_threads(d) == d / 8 && gemv_block_threads(kPle) == kPle / 8 && cluster_fits();
+}
+
+Status launch_per_layer_input(const PerLayerInputArgs& a, cudaStream_t stream) {
+  if (!per_layer_input_fusable(a)) return internal_error("cuda per_layer_input: arguments it does not fuse");
+  const PliParams p{.x = static_cast<bf16*>(a.x.data),
+                    .f = static_cast<const bf16*>(a.f.data),
+                    .gate = static_cast<const bf16*>(a.gate.data),
+                    .ple = static_cast<const bf16*>(a.ple.data),
+                    .proj = static_cast<const bf16*>(a.proj.data),
+                    .next_out = a.next_out.empty() ? nullptr : static_cast<bf16*>(a.next_out.data),
+                    .w_ffn = norm_weight(a.post_ffn_norm),
+                    .w_post = norm_weight(a.post_norm),
+                    .w_next = norm_weight(a.next_norm),
+                    .layer_scalar = a.layer_scalar,
+                    .eps = a.eps,
+                    .d = a.x.dim(-1)};
+  cudaLaunchAttribute attr[2] = {};
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  const auto threads = static_cast<unsigned>(p.d / 8);
+  const cudaLaunchConfig_t cfg = launch_config(kCluster, threads, 0, stream, attr, pdl_enabled() ? 2 : 1);
+  TANDEM_CUDA_TRY(cudaLaunchKernelEx(&cfg, per_layer_input_kernel, p));
+  return ok_status();
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,136 @@
+// per_layer_input (ops.h PerLayerInputArgs) on the GPU: the one-launch cluster kernel must give the bits of the
+// composite op (rms_norm, linear_gelu_mul, linear, rms_norm_then on the GEMV) at E2B's and E4B's widths, with and
+// without the next layer's input norm, bf16 and f32 norm weights; shapes it does not take run the composite.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/kernels.h"
+#include "core/strings.h"
+#include "cuda/cuda_fixture.h"
+
+namespace tandem::testing {
+namespace {
+
+constexpr DType kBF16 = DType::kBF16;
+constexpr DType kF32 = DType::kF32;
+
+using CudaPerLayerInput = CudaTest;
+
+bool same_bits(const HostTensor& a, const HostTensor& b) {
+  return a.t().nbytes() == b.t().nbytes() && std::memcmp(a.t().data, b.t().data, a.t().nbytes()) == 0;
+}
+
+struct GemvOn {  // the composite's products on the GEMV (the kernel reproduces its arithmetic), restored after
+  explicit GemvOn(cuda::CudaBackend& b) : be(b), mode(b.gemv_mode()) { be.set_gemv_mode(cuda::GemvMode::kOn); }
+  ~GemvOn() { be.set_gemv_mode(mode); }
+  cuda::CudaBackend& be;
+  cuda::GemvMode mode;
+};
+
+// One block of random inputs; fused() and composite() run it from the same starting x.
+struct Block {
+  Block(cuda::CudaBackend& be, int64_t rows, int64_t d, DType norm_dtype, uint32_t seed)
+      : x0(be, kBF16, {rows, d}),
+        f(be, kBF16, {rows, d}),
+        ple_all(be, kBF16, {rows, 3 * 256}),
+        gate(be, kBF16, {256, d}),
+        proj(be, kBF16, {d, 256}),
+        w_ffn(be, norm_dtype, {d}),
+        w_post(be, norm_dtype, {d}),
+        w_next(be, kBF16, {d}) {
+    for (DeviceTensor* t : {&x0, &f, &ple_all, &gate, &proj}) fill_random(t->host(), seed++);
+    std::mt19937 rng(seed);
+    for (DeviceTensor* w : {&w_ffn, &w_post, &w_next}) w->host().fill_uniform(rng, 0.5f, 1.5f);
+    for (DeviceTensor* t : {&x0, &f, &ple_all, &gate, &proj, &w_ffn, &w_post, &w_next}) t->upload();
+  }
+  // Layer 1's per-layer inputs: columns [256, 512) of ple_all (row-strided, as the model passes them).
+  [[nodiscard]] Tensor ple() const {
+    Tensor p = ple_all.t();
+    p.shape[1] = 256;
+    p.data = static_cast<char*>(p.data) + 256 * dtype_size(kBF16);
+    return p;
+  }
+  DeviceTensor x0, f, ple_all, gate, proj, w_ffn, w_post, w_next;
+};
+
+struct Outputs {
+  Outputs(cuda::CudaBackend& be, const Block& b, int64_t rows, int64_t d)
+      : x(be, kBF16, {rows, d}),
+        xn(be, kBF16, {rows, d}),
+        gate_out(be, kBF16, {rows, 256}),
+        proj_out(be, kBF16, {rows, d}) {
+    x.host().copy_from(b.x0.host());
+    x.upload();
+    xn.poison();
+  }
+  PerLayerInputArgs args(const Block& b, bool next) const {
+    return {.x = x,
+            .f = b.f,
+            .post_ffn_norm = b.w_ffn,
+            .gate = b.gate,
+            .ple = b.ple(),
+            .proj = b.proj,
+            .post_norm = b.w_post,
+            .layer_scalar = 0.71f,
+            .eps = 1e-6f,
+            .gate_out = gate_out,
+            .proj_out = proj_out,
+            .next_out = next ? xn.t() : Tensor(),
+            .next_norm = next ? b.w_next.t() : Tensor()};
+  }
+  DeviceTensor x, xn, gate_out, proj_out;
+};
+
+TEST_F(CudaPerLayerInput, OneLaunchEqualsTheCompositeBitwise) {
+  GemvOn gemv(be());
+  uint32_t seed = 4100;
+  for (int64_t d : {1536, 2560}) {
+    for (DType nd : {kBF16, kF32}) {
+      for (bool next : {true, false}) {
+        SCOPED_TRACE(strfmt("d %lld, %s norm weights, next norm %d", static_cast<long long>(d), dtype_name(nd), next));
+        const Block b(be(), 1, d, nd, seed);
+        seed += 16;
+        Outputs want(be(), b, 1, d), got(be(), b, 1, d);
+        be().Backend::per_layer_input(want.args(b, next));
+        const PerLayerInputArgs a = got.args(b, next);
+        ASSERT_TRUE(cuda::per_layer_input_fusable(a)) << "this GPU does not take the one-launch kernel";
+        be().per_layer_input(a);
+        for (Outputs* o : {&want, &got})
+          for (DeviceTensor* t : {&o->x, &o->xn}) t->download();
+        EXPECT_TRUE(same_bits(got.x.host(), want.x.host())) << "x";
+        EXPECT_FALSE(same_bits(got.x.host(), b.x0.host())) << "x unchanged";
+        if (next) {
+          EXPECT_TRUE(same_bits(got.xn.host(), want.xn.host())) << "next input norm";
+        }
+        ASSERT_TRUE(be().last_error().ok()) << be().last_error().to_string();
+      }
+    }
+  }
+}
+
+TEST_F(CudaPerLayerInput, OtherShapesRunTheComposite) {
+  // Two tokens (a verify pass) and a width that is not a multiple of 256: not fusable, same bits as the composite.
+  GemvOn gemv(be());
+  uint32_t seed = 4300;
+  for (auto [rows, d] : {std::pair<int64_t, int64_t>{2, 1536}, std::pair<int64_t, int64_t>{1, 1288}}) {
+    SCOPED_TRACE(strfmt("rows %lld d %lld", static_cast<long long>(rows), static_cast<long long>(d)));
+    const Block b(be(), rows, d, kBF16, seed);
+    seed += 16;
+    Outputs want(be(), b, rows, d), got(be(), b, rows, d);
+    const PerLayerInputArgs a = got.args(b, true);
+    EXPECT_FALSE(cuda::per_layer_input_fusable(a));
+    be().Backend::per_layer_input(want.args(b, true));
+    be().per_layer_input(a);
+    for (Outputs* o : {&want, &got})
+      for (DeviceTensor* t : {&o->x, &o->xn}) t->download();
+    EXPECT_TRUE(same_bits(got.x.host(), want.x.host()));
+    EXPECT_TRUE(same_bits(got.xn.host(), want.xn.host()));
+  }
+  EXPECT_TRUE(be().last_error().ok()) << be().last_error().to_string();
+}
+
+}  // namespace
+}  // namespace tandem::testing
