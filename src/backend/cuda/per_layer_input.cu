@@ -188,8 +188,9 @@ void set_fused_per_layer_input(bool on) { fused_flag().store(on, std::memory_ord
 bool per_layer_input_fusable(const PerLayerInputArgs& a) {
   if (!fused_flag().load(std::memory_order_relaxed)) return false;
   constexpr DType kB = DType::kBF16;
+  if (a.x.ndim != 2 || a.x.rows() != 1) return false;
   const int64_t d = a.x.dim(-1);
-  if (a.x.ndim != 2 || a.x.rows() != 1 || d % 256 != 0 || d / 8 > kMaxThreads) return false;
+  if (d % 256 != 0 || d / 8 > kMaxThreads) return false;
   for (const Tensor* t : {&a.x, &a.f, &a.gate, &a.proj, &a.ple})
     if (t->dtype != kB || !aligned16(t->data)) return false;
   if (!a.x.is_contiguous() || !a.f.is_contiguous() || !a.f.same_shape(a.x) || a.f.data == a.x.data) return false;
