@@ -445,7 +445,8 @@ void CudaBackend::rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next) {
 
 void CudaBackend::per_layer_input(const PerLayerInputArgs& a) {
   // One launch for one token where it gives the composite's bits (its products on the GEMV); else the composite.
-  if (gemm_->gemv_mode() == GemvMode::kOff || !per_layer_input_fusable(a)) return Backend::per_layer_input(a);
+  if (gemm_->gemv_mode() == GemvMode::kOff || fused_gemv_rows_ < 1 || !per_layer_input_fusable(a))
+    return Backend::per_layer_input(a);
   for (const Tensor* t : {&a.x, &a.f, &a.gate, &a.proj}) expect_gpu(*t, index_, "per_layer_input", "x/f/w");
   expect_gpu(a.ple, index_, "per_layer_input", "ple", /*contiguous=*/false);
   for (const Tensor* t : {&a.post_ffn_norm, &a.post_norm, &a.next_out, &a.next_norm})

@@ -1,5 +1,6 @@
-// Pieces shared by the two MoE expert implementations (moe.cu: the grouping, the CUDA-core GEMV-style kernels and
-// the combine; moe_tc.cu: tensor-core tiles for many tokens): the chunk's shape and the grouping tables.
+// Pieces shared by the MoE files (moe_route.cu: the routing; moe.cu: the grouping, the CUDA-core GEMV-style expert
+// kernels and the combine; moe_tc.cu: tensor-core tiles for many tokens): limits, the chunk's shape and the grouping
+// tables.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -11,6 +12,12 @@
 #include "tensor/dtype.h"
 
 namespace tandem::cuda {
+
+inline constexpr int kMaxTopK = 32;  // largest k the kernels take (Gemma 4 26B-A4B uses 8)
+// Largest n_experts moe_route (its logits in registers, 32 per lane) and the in-block grouping take (Gemma 4 has 128).
+inline constexpr int kMaxExperts = 1024;
+
+inline bool bf16_or_f32(DType t) { return t == DType::kBF16 || t == DType::kF32; }
 
 struct MoeShape {
   int64_t n_exp, d_model, d_ff;
