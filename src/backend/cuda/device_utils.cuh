@@ -94,6 +94,22 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// The best (value, index) pair over the warp by a shuffle tree, every lane ending with it: `better(v, i, bv, bi)`
+// says whether (v, i) beats (bv, bi) (e.g. a larger value, ties to the lower index), and must be a strict order
+// for every lane to agree.
+template <class I, class Better>
+__device__ __forceinline__ void warp_arg_best(float& best_v, I& best_i, Better better) {
+#pragma unroll
+  for (int off = kWarp / 2; off > 0; off /= 2) {
+    const float v = __shfl_xor_sync(0xffffffffu, best_v, off);
+    const I i = __shfl_xor_sync(0xffffffffu, best_i, off);
+    if (better(v, i, best_v, best_i)) {
+      best_v = v;
+      best_i = i;
+    }
+  }
+}
+
 // Inclusive prefix sum of v over the warp's lanes in lane order (all 32 lanes take part).
 template <class T>
 __device__ __forceinline__ T warp_inclusive_scan(T v) {

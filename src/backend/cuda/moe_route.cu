@@ -117,15 +117,7 @@ __device__ __forceinline__ void route_row(int32_t* ir, float* wr, const TL* lr, 
           best_i = e;
         }
       }
-#pragma unroll
-      for (int off = kWarp / 2; off > 0; off /= 2) {
-        const float v = __shfl_xor_sync(0xffffffffu, best_v, off);
-        const int i = __shfl_xor_sync(0xffffffffu, best_i, off);
-        if (ranks_before(v, i, best_v, best_i)) {
-          best_v = v;
-          best_i = i;
-        }
-      }
+      warp_arg_best(best_v, best_i, ranks_before);
       if (best_i < 0) break;  // only NaN logits leave nothing to pick; the rows are finished below
       take(j, best_i, best_v);
       prev_v = best_v;

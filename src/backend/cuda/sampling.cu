@@ -46,15 +46,7 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(int32_t* out, const T*
       best_i = key;
     }
   }
-#pragma unroll
-  for (int off = kWarp / 2; off > 0; off /= 2) {
-    const float v = __shfl_xor_sync(0xffffffffu, best, off);
-    const int64_t i = __shfl_xor_sync(0xffffffffu, best_i, off);
-    if (better(v, i, best, best_i)) {
-      best = v;
-      best_i = i;
-    }
-  }
+  warp_arg_best(best, best_i, better);
   __shared__ float s_val[kThreads / kWarp];
   __shared__ int64_t s_idx[kThreads / kWarp];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
