@@ -10,9 +10,9 @@
 //  - the 256 gelu_mul outputs are exchanged through distributed shared memory; block b computes projection rows
 //    [b d / 16, (b + 1) d / 16), a warp per row with one 16-byte chunk per lane, as the GEMV does for K = 256;
 //  - block 0 gathers the projection and runs the residual norm (with layer_scalar) and the next input norm.
-// The weights (16 KB-80 KB per block) are requested into registers before the wait for the kernel before, so
-// their fetch overlaps it. Shapes it does not take (other widths, more tokens, GEMV geometries of another
-// TANDEM_GEMV_FIT mode) run the composite.
+// Each block requests its weights (96 KB at E2B's width, 160 KB at E4B's) into registers before the wait for the
+// kernel before, so their fetch overlaps that kernel. Shapes it does not take (other widths, more tokens, GEMV
+// geometries of another TANDEM_GEMV_FIT mode) run the composite.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
