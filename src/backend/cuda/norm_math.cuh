@@ -10,6 +10,7 @@
 
 #include "backend/cuda/device_utils.cuh"
 #include "tensor/dtype.h"
+#include "tensor/tensor.h"
 
 namespace tandem::cuda {
 
@@ -58,6 +59,11 @@ struct NormWeight {
   const void* data = nullptr;  // [dim] or nullptr (weightless norm)
   DType dtype = DType::kF32;
 };
+
+// A norm's weight tensor as the kernels take it (an empty tensor: a weightless norm).
+inline NormWeight norm_weight(const Tensor& w) { return NormWeight{w.empty() ? nullptr : w.data, w.dtype}; }
+// Whether the kernels read this weight: none, or bf16 / f32.
+inline bool plain_weight(const Tensor& w) { return w.empty() || w.dtype == DType::kBF16 || w.dtype == DType::kF32; }
 
 // V elements from p, as vector accesses when `vec` (p 16-byte aligned), else one by one.
 template <class T, int V>

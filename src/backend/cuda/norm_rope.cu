@@ -144,7 +144,7 @@ NormJob norm_job(const RmsNormArgs& a, const NormGeometry& g, const RmsNormArgs*
   j.out = a.out.data;
   j.x = a.x.data;
   j.eps = a.eps;
-  j.w = NormWeight{a.weight.empty() ? nullptr : a.weight.data, a.weight.dtype};
+  j.w = norm_weight(a.weight);
   NormEpilogue& e = j.e;
   e.residual = a.residual.empty() ? nullptr : a.residual.data;
   e.out_scale = a.out_scale;
@@ -152,7 +152,7 @@ NormJob norm_job(const RmsNormArgs& a, const NormGeometry& g, const RmsNormArgs*
       g.v == 8 && aligned16(a.out.data) && (!j.w.data || aligned16(j.w.data)) && (!e.residual || aligned16(e.residual));
   if (next != nullptr) {
     e.next_out = next->out.data;
-    e.next_w = NormWeight{next->weight.empty() ? nullptr : next->weight.data, next->weight.dtype};
+    e.next_w = norm_weight(next->weight);
     e.next_eps = next->eps;
     e.vec_io = e.vec_io && aligned16(e.next_out) && (!e.next_w.data || aligned16(e.next_w.data));
   }
@@ -278,7 +278,7 @@ template <class T>
 Status rms_norm_rope_typed(const RmsNormArgs& a, cudaStream_t stream) {
   const int64_t head_dim = a.x.dim(-1), rows = a.x.rows(), n_tok = a.rope_pos.numel();
   if (rows == 0 || head_dim == 0) return ok_status();
-  const NormWeight w{a.weight.empty() ? nullptr : a.weight.data, a.weight.dtype};
+  const NormWeight w = norm_weight(a.weight);
   const NormGeometry g = norm_geometry(a.x);
   // Enough threads for one pair each (256 for head_dim 512), and never fewer than the reduction uses.
   const int threads = static_cast<int>(
@@ -363,13 +363,13 @@ Status kv_norm_write_typed(const KvNormWriteArgs& a, cudaStream_t stream) {
       std::min<int64_t>(1024, std::max<int64_t>(gk.threads, (head_dim / 2 + kWarp - 1) / kWarp * kWarp)));
   const KvDest d{w.kv.k.data,      w.kv.v.data,      w.kv.k.stride[0], w.kv.k.stride[1],
                  w.kv.v.stride[0], w.kv.v.stride[1], w.kv.capacity(),  w.kv.ring};
-  const NormWeight kw{a.k_norm.empty() ? nullptr : a.k_norm.data, a.k_norm.dtype};
+  const NormWeight kw = norm_weight(a.k_norm);
   const auto* pos = static_cast<const int32_t*>(w.pos.data);
   const auto* inv_freq = static_cast<const float*>(a.rope_inv_freq.data);
   QRows qr;
   if (!a.q.empty()) {
     qr.q = a.q.data;
-    qr.w = NormWeight{a.q_norm.empty() ? nullptr : a.q_norm.data, a.q_norm.dtype};
+    qr.w = norm_weight(a.q_norm);
     qr.n_heads = a.q.shape[1];
     qr.rows = a.q.shape[0] * qr.n_heads;
   }
@@ -389,7 +389,6 @@ Status kv_norm_write_typed(const KvNormWriteArgs& a, cudaStream_t stream) {
 
 // Activation dtypes the norm kernels take, and a weight they read (none, bf16 or f32).
 bool is_act(DType t) { return t == DType::kBF16 || t == DType::kF32; }
-bool plain_weight(const Tensor& w) { return w.empty() || w.dtype == DType::kBF16 || w.dtype == DType::kF32; }
 
 // Whether two contiguous tensors share a byte (an empty one shares none).
 bool bytes_overlap(const Tensor& a, const Tensor& b) {

@@ -175,10 +175,8 @@ bool cluster_fits() {
   return fits;
 }
 
-NormWeight norm_weight(const Tensor& w) { return NormWeight{w.empty() ? nullptr : w.data, w.dtype}; }
-
 bool plain_norm_weight(const Tensor& w, int64_t d) {
-  return w.empty() || ((w.dtype == DType::kBF16 || w.dtype == DType::kF32) && w.numel() == d && aligned16(w.data));
+  return plain_weight(w) && (w.empty() || (w.numel() == d && aligned16(w.data)));
 }
 
 }  // namespace
