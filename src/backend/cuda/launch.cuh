@@ -42,17 +42,36 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
   (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
 }
 
-// A launch of thread-block clusters of `cluster_x` consecutive blocks along x (sm_90+), whose blocks share partial
-// results through distributed shared memory (e.g. one cluster per logits row). Returns the launch's error.
-template <class... Params, class... Args>
-cudaError_t launch_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                            unsigned cluster_x, Args&&... args) {
-  cudaLaunchAttribute attr[1] = {};
+// The attributes of a launch of thread-block clusters of `cluster_x` consecutive blocks along x (sm_90+), and with
+// `pdl` (where enabled) programmatic stream serialization as launch_kernel gives; returns how many are set.
+inline unsigned cluster_attrs(cudaLaunchAttribute (&attr)[2], unsigned cluster_x, bool pdl) {
+  attr[0] = {};
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = cluster_x;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
-  const cudaLaunchConfig_t cfg = launch_config(grid, block, smem, stream, attr, 1);
+  attr[1] = {};
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  return pdl && pdl_enabled() ? 2 : 1;
+}
+
+// A launch of thread-block clusters of `cluster_x` consecutive blocks along x, whose blocks share partial results
+// through distributed shared memory (e.g. one cluster per logits row); launch_clusters_pdl also lets it start
+// while the kernel before it runs (its kernel must call pdl_enter() before it touches global memory that kernel
+// writes). Return the launch's error.
+template <class... Params, class... Args>
+cudaError_t launch_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                            unsigned cluster_x, Args&&... args) {
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = launch_config(grid, block, smem, stream, attr, cluster_attrs(attr, cluster_x, false));
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
+template <class... Params, class... Args>
+cudaError_t launch_clusters_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                unsigned cluster_x, Args&&... args) {
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = launch_config(grid, block, smem, stream, attr, cluster_attrs(attr, cluster_x, true));
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
 }
 

@@ -159,12 +159,9 @@ bool cluster_fits() {
       (void)cudaGetLastError();
       return false;
     }
-    cudaLaunchAttribute attr[1] = {};
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = kCluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    const cudaLaunchConfig_t cfg = launch_config(kCluster, kMaxThreads, 0, nullptr, attr, 1);
+    cudaLaunchAttribute attr[2];
+    const cudaLaunchConfig_t cfg =
+        launch_config(kCluster, kMaxThreads, 0, nullptr, attr, cluster_attrs(attr, kCluster, false));
     int n = 0;
     if (cudaOccupancyMaxActiveClusters(&n, per_layer_input_kernel, &cfg) != cudaSuccess) {
       (void)cudaGetLastError();
@@ -218,16 +215,8 @@ Status launch_per_layer_input(const PerLayerInputArgs& a, cudaStream_t stream) {
                     .layer_scalar = a.layer_scalar,
                     .eps = a.eps,
                     .d = a.x.dim(-1)};
-  cudaLaunchAttribute attr[2] = {};
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kCluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  const auto threads = static_cast<unsigned>(p.d / 8);
-  const cudaLaunchConfig_t cfg = launch_config(kCluster, threads, 0, stream, attr, pdl_enabled() ? 2 : 1);
-  TANDEM_CUDA_TRY(cudaLaunchKernelEx(&cfg, per_layer_input_kernel, p));
+  TANDEM_CUDA_TRY(
+      launch_clusters_pdl(per_layer_input_kernel, kCluster, static_cast<unsigned>(p.d / 8), 0, stream, kCluster, p));
   return ok_status();
 }
 
