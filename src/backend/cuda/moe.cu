@@ -22,17 +22,20 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <type_traits>
+#include <utility>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/moe_common.h"
+#include "backend/cuda/warp_mma.cuh"
 #include "core/strings.h"
 
 namespace tandem::cuda {
@@ -131,6 +134,61 @@ __device__ __forceinline__ void dot_rows(float (&acc)[NR][P], const TW* (&w)[NR]
   }
 }
 
+// Staged weights (bf16 rows, 16-byte chunks; set_moe_staged): before any product, each thread copies every chunk
+// it will read of its NR rows global -> shared with cp.async, so all of a block's weight bytes are in flight at once
+// and none of them sits in registers (dot_rows holds U * NR chunks per thread, which at P = 4 pairs means one chunk
+// per row in flight and 128 registers). Thread g's chunk i (c = g + i G) of row r goes to
+// s[(r * n_iter + i) * G + g]: consecutive threads, consecutive 16 bytes. Each thread reads back only its own chunks
+// (after cp.async.wait_group, no barrier), in dot_rows' order, so the sums are bit for bit those of dot_rows.
+template <int G, int NR, class TW>
+__device__ __forceinline__ void stage_rows(uint4* s, const TW* (&w)[NR], int64_t n_chunks, int n_iter, int g_lane) {
+  static_assert(sizeof(TW) == 2, "staged rows are bf16");
+#pragma unroll
+  for (int r = 0; r < NR; ++r) {
+    const uint4* row = reinterpret_cast<const uint4*>(w[r]);
+    for (int i = 0; i < n_iter; ++i) {
+      const int64_t c = g_lane + static_cast<int64_t>(i) * G;
+      if (c < n_chunks) cp_async16(s + (r * n_iter + i) * G + g_lane, row + c, true);
+    }
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+}
+
+// dot_rows over staged rows (stage_rows' layout): acc[r][p] = the first np of P activation rows against the NR rows.
+template <int G, int NR, int P, class TX>
+__device__ __forceinline__ void dot_staged(float (&acc)[NR][P], const uint4* s, const TX* (&x)[P], int np,
+                                           int64_t n_chunks, int n_iter, int g_lane) {
+#pragma unroll
+  for (int r = 0; r < NR; ++r)
+#pragma unroll
+    for (int p = 0; p < P; ++p) acc[r][p] = 0.f;
+#pragma unroll 1
+  for (int i = 0; i < n_iter; ++i) {
+    const int64_t c = g_lane + static_cast<int64_t>(i) * G;
+    if (c >= n_chunks) break;
+    decltype(load_act<8>(x[0], 0)) xc[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      if (p == 0 || p < np) xc[p] = load_act<8>(x[p], c);
+    }
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+      const uint4 wc = s[(r * n_iter + i) * G + g_lane];  // one shared-memory read per chunk for all pairs
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        if (p == 0 || p < np) acc[r][p] = fma_chunk(wc, xc[p], acc[r][p]);
+      }
+    }
+  }
+}
+
+// Bytes of shared memory a staged block needs: NR rows per group of G threads, n_iter chunks each, `groups` groups.
+__host__ __device__ constexpr int64_t staged_bytes(int64_t groups, int nr, int64_t n_iter, int g) {
+  return groups * nr * n_iter * g * static_cast<int64_t>(sizeof(uint4));
+}
+constexpr int64_t kMaxStagedBytes = 64 * 1024;  // three blocks per SM at least
+
 // Exclusive prefix sum of v over the block's kThreads threads in thread order; *total gets the block's sum (in
 // every thread). s_warp holds kWarps ints; the caller must pass a barrier before it writes s_warp again.
 __device__ __forceinline__ int block_exclusive_scan(int v, int* s_warp, int* total) {
@@ -219,11 +277,14 @@ __global__ void __launch_bounds__(kThreads)
 
 // Block (row block blockIdx.x, expert slot blockIdx.y): h[pair, f] = gelu_tanh(G_e[f] . x_t) * (U_e[f] . x_t) for
 // the R rows f of the block and every pair (t, j) that chose the block's expert e, P pairs per pass over the rows.
-template <class TW, class TX, int V, int R, int P, int THREADS = kThreads>
+// STAGED: the weight rows go through shared memory (stage_rows; dynamic shared memory of staged_bytes).
+template <class TW, class TX, int V, int R, int P, int THREADS = kThreads, bool STAGED = false>
 __global__ void __launch_bounds__(THREADS, 2)
     moe_gate_up_kernel(TX* __restrict__ h, MoeTables tab, const TX* __restrict__ x, const TW* __restrict__ gate_up,
                        MoeShape s, const int32_t* __restrict__ one_token_idx) {
+  static_assert(!STAGED || V == 8, "staged rows are 16-byte chunks");
   pdl_enter();
+  extern __shared__ __align__(16) uint4 s_stage[];
   constexpr int kBlockWarps = THREADS / kWarp;
   __shared__ float part[kBlockWarps][2 * R * P];
   const int slot = blockIdx.y;
@@ -246,13 +307,19 @@ __global__ void __launch_bounds__(THREADS, 2)
     w[R + r] = gate + (s.d_ff + f) * s.d_model;
   }
   const int64_t n_chunks = s.d_model / V;
+  const int n_iter = static_cast<int>((n_chunks + THREADS - 1) / THREADS);
+  if constexpr (STAGED) stage_rows<THREADS>(s_stage, w, n_chunks, n_iter, threadIdx.x);
   for (int p0 = 0; p0 < count; p0 += P) {
     const int np = min(P, count - p0);
     const TX* xr[P];
 #pragma unroll
     for (int p = 0; p < P; ++p) xr[p] = x + static_cast<int64_t>(pair_at(p0 + min(p, np - 1)) / s.k) * s.d_model;
     float acc[2 * R][P];
-    dot_rows<THREADS, (P == 1 ? 2 : 1), V>(acc, w, xr, np, n_chunks, threadIdx.x);  // 2R or 4R loads in flight
+    if constexpr (STAGED) {
+      dot_staged<THREADS>(acc, s_stage, xr, np, n_chunks, n_iter, threadIdx.x);
+    } else {
+      dot_rows<THREADS, (P == 1 ? 2 : 1), V>(acc, w, xr, np, n_chunks, threadIdx.x);  // 2R or 4R loads in flight
+    }
 #pragma unroll
     for (int r = 0; r < 2 * R; ++r)
 #pragma unroll
@@ -284,11 +351,13 @@ __global__ void __launch_bounds__(THREADS, 2)
 // Block (row block blockIdx.x, expert slot blockIdx.y): y[pair, o] = D_e[o] . h[pair] for every pair of the slot's
 // expert (the grouping of moe_group_kernel). d_ff rows are short (704 values for 26B-A4B), so each warp streams its
 // own R rows of D_e; the block's kWarps * R rows are consecutive.
-template <class TW, class TX, int V, int R, int P>
+template <class TW, class TX, int V, int R, int P, bool STAGED = false>
 __global__ void __launch_bounds__(kThreads, 2)
     moe_down_kernel(float* __restrict__ y, MoeTables tab, const TX* __restrict__ h, const TW* __restrict__ down,
                     MoeShape s, const int32_t* __restrict__ one_token_idx) {
+  static_assert(!STAGED || V == 8, "staged rows are 16-byte chunks");
   pdl_enter();
+  extern __shared__ __align__(16) uint4 s_stage[];
   const int slot = blockIdx.y;
   const bool one = one_token_idx != nullptr;  // as in moe_gate_up_kernel: slot j is pair j, expert idx[j]
   const int e = one ? one_token_idx[slot] : tab.expert[slot];
@@ -301,6 +370,9 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
   for (int r = 0; r < R; ++r) w[r] = down + (static_cast<int64_t>(e) * s.d_model + min(o0 + r, s.d_model - 1)) * s.d_ff;
   const int64_t n_chunks = s.d_ff / V;
+  const int n_iter = static_cast<int>((n_chunks + kWarp - 1) / kWarp);
+  uint4* s_warp_rows = s_stage + staged_bytes(warp, R, n_iter, kWarp) / sizeof(uint4);  // this warp's rows
+  if constexpr (STAGED) stage_rows<kWarp>(s_warp_rows, w, n_chunks, n_iter, lane);
   for (int p0 = 0; p0 < count; p0 += P) {
     const int np = min(P, count - p0);
     int pair[P];
@@ -311,7 +383,11 @@ __global__ void __launch_bounds__(kThreads, 2)
       hr[p] = h + static_cast<int64_t>(pair[p]) * s.d_ff;
     }
     float acc[R][P];
-    dot_rows<kWarp, 3, V>(acc, w, hr, np, n_chunks, lane);
+    if constexpr (STAGED) {
+      dot_staged<kWarp>(acc, s_warp_rows, hr, np, n_chunks, n_iter, lane);
+    } else {
+      dot_rows<kWarp, 3, V>(acc, w, hr, np, n_chunks, lane);
+    }
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -365,6 +441,28 @@ __global__ void __launch_bounds__(kThreads)
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
+std::atomic<bool>& staged_flag() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+
+// A staged kernel's launch: its dynamic shared memory allowed past the 48 KB default first (kMaxStagedBytes at
+// most, set once per kernel and device: Kernel is a template argument because instances of one kernel template
+// share a signature; a failure surfaces as the launch's error).
+template <auto Kernel, class... Args>
+void launch_staged(dim3 grid, int threads, int64_t smem, cudaStream_t stream, Args&&... args) {
+  static std::atomic<uint64_t> allowed{0};  // bit d: device d done
+  int dev = 0;
+  (void)cudaGetDevice(&dev);
+  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit == 0 || (allowed.load(std::memory_order_acquire) & bit) == 0) {
+    if (cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxStagedBytes)) ==
+        cudaSuccess)
+      allowed.fetch_or(bit, std::memory_order_release);
+  }
+  launch_kernel(Kernel, grid, threads, static_cast<size_t>(smem), stream, std::forward<Args>(args)...);
+}
+
 // Rows per block (4, 2 or 1; each block covers rows_per_r * R rows): the most that still gives every SM
 // kBlocksPerSm blocks when all `slots` experts are distinct.
 int pick_rows(int64_t rows, int64_t rows_per_r, int64_t slots, int sm_count) {
@@ -394,6 +492,16 @@ ForcedRows forced_rows() {
     return r;
   }();
   return f;
+}
+
+// TANDEM_MOE_PAIRS=P (a tuning knob: 1, 2 or 4) caps the pairs per pass of the GEMV-style expert kernels. Read once.
+int forced_pairs() {
+  static const int p = [] {
+    const char* e = std::getenv("TANDEM_MOE_PAIRS");
+    const int v = e != nullptr ? std::atoi(e) : 0;
+    return v == 1 || v == 2 || v == 4 ? v : 4;
+  }();
+  return p;
 }
 
 // Calls f(integral_constant R, integral_constant P) for R in {1, 2, 4}, P in {1, 2, 4}.
@@ -472,9 +580,15 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
     s.n_pairs = static_cast<int>(nt * s.k);
     // Launch sizes depend on the token count only (graph capture): one slot per possible distinct expert.
     const int64_t slots = std::min<int64_t>(nt * s.k, s.n_exp);
-    const int pairs_per_pass = nt == 1 ? 1 : (nt == 2 ? 2 : 4);  // a token picks an expert once (router)
+    // A token picks an expert once (router), so an expert has at most nt pairs. TANDEM_MOE_PAIRS pins the most.
     const TX* xc = x + t0 * s.d_model;
     const int32_t* ic = idx + t0 * s.k;
+    // Staged weight rows pay off where several tokens share a pass (they free the registers that P pairs need); for
+    // one token the register path, which overlaps its products with the loads still in flight, is faster.
+    const bool staged = moe_staged() && nt > 1;
+    // Staged rows are read back from shared memory once per pass, so they take one pair per pass (more pairs, more
+    // registers and fewer blocks resident: slower, run AE).
+    const int pairs_per_pass = staged ? 1 : std::min(nt == 1 ? 1 : (nt == 2 ? 2 : 4), forced_pairs());
 
     // One token: slot j is pair j (its expert idx[j]; a repeated expert is computed once per slot), no tables.
     const bool one = nt == 1;
@@ -500,11 +614,20 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
       // as the GEMV's balanced passes (gemv.cu block_threads; TANDEM_GEMV_BALANCE=0: 256).
       const int64_t gu_chunks = s.d_model / 8;
       const bool gu_192 = gemv_balance() && gu_chunks > 256 && gu_chunks <= 384;
+      const int gu_threads = gu_192 ? 192 : kThreads;
+      const int64_t gu_stage = staged_bytes(1, 2 * r_gu, (gu_chunks + gu_threads - 1) / gu_threads, gu_threads);
+      const bool gu_staged = staged && vec_gu && gu_stage <= kMaxStagedBytes;
       with_rows_pairs(r_gu, pairs_per_pass, [&](auto rt, auto pt) {
         constexpr int R = decltype(rt)::value, P = decltype(pt)::value;
         if (vec_gu) {
           if constexpr (sizeof(TW) == 2) {
-            if (gu_192) {
+            if (gu_staged && gu_192) {
+              launch_staged<moe_gate_up_kernel<TW, TX, 8, R, P, 192, true>>(gu_grid, 192, gu_stage, stream, h, tab, xc,
+                                                                            gate_up, s, one_idx);
+            } else if (gu_staged) {
+              launch_staged<moe_gate_up_kernel<TW, TX, 8, R, P, kThreads, true>>(gu_grid, kThreads, gu_stage, stream, h,
+                                                                                 tab, xc, gate_up, s, one_idx);
+            } else if (gu_192) {
               launch_kernel(moe_gate_up_kernel<TW, TX, 8, R, P, 192>, gu_grid, 192, 0, stream, h, tab, xc, gate_up, s,
                             one_idx);
             } else {
@@ -523,12 +646,20 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
           !vec_down ? 1 : (forced.down > 0 ? forced.down : pick_rows(s.d_model, kWarps, slots, scratch.sm_count));
       const dim3 dn_grid(static_cast<unsigned>((s.d_model + kWarps * r_dn - 1) / (kWarps * r_dn)),
                          static_cast<unsigned>(slots));
+      const int64_t dn_stage = staged_bytes(kWarps, r_dn, (s.d_ff / 8 + kWarp - 1) / kWarp, kWarp);
+      const bool dn_staged = staged && vec_down && dn_stage <= kMaxStagedBytes;
       with_rows_pairs(r_dn, pairs_per_pass, [&](auto rt, auto pt) {
         constexpr int R = decltype(rt)::value, P = decltype(pt)::value;
         if (vec_down) {
-          if constexpr (sizeof(TW) == 2)
-            launch_kernel(moe_down_kernel<TW, TX, 8, R, P>, dn_grid, kThreads, 0, stream, y, tab,
-                          static_cast<const TX*>(h), down, s, one_idx);
+          if constexpr (sizeof(TW) == 2) {
+            if (dn_staged) {
+              launch_staged<moe_down_kernel<TW, TX, 8, R, P, true>>(dn_grid, kThreads, dn_stage, stream, y, tab,
+                                                                    static_cast<const TX*>(h), down, s, one_idx);
+            } else {
+              launch_kernel(moe_down_kernel<TW, TX, 8, R, P>, dn_grid, kThreads, 0, stream, y, tab,
+                            static_cast<const TX*>(h), down, s, one_idx);
+            }
+          }
         } else if constexpr (R == 1) {
           launch_kernel(moe_down_kernel<TW, TX, 1, 1, P>, dn_grid, kThreads, 0, stream, y, tab,
                         static_cast<const TX*>(h), down, s, one_idx);
@@ -545,6 +676,9 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
 }
 
 }  // namespace
+
+void set_moe_staged(bool on) { staged_flag().store(on, std::memory_order_relaxed); }
+bool moe_staged() { return staged_flag().load(std::memory_order_relaxed); }
 
 Status launch_moe_experts(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream_t stream) {
   const DType wt = a.gate_up.dtype, xt = a.x.dtype;
