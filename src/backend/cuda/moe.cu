@@ -494,7 +494,7 @@ ForcedRows forced_rows() {
   return f;
 }
 
-// TANDEM_MOE_PAIRS=P (a tuning knob: 1, 2 or 4) caps the pairs per pass of the GEMV-style expert kernels. Read once.
+// TANDEM_MOE_PAIRS=P (a tuning knob: 1, 2 or 4) caps the pairs per pass of the register-path expert kernels. Read once.
 int forced_pairs() {
   static const int p = [] {
     const char* e = std::getenv("TANDEM_MOE_PAIRS");
@@ -583,11 +583,11 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
     // A token picks an expert once (router), so an expert has at most nt pairs. TANDEM_MOE_PAIRS pins the most.
     const TX* xc = x + t0 * s.d_model;
     const int32_t* ic = idx + t0 * s.k;
-    // Staged weight rows pay off where several tokens share a pass (they free the registers that P pairs need); for
-    // one token the register path, which overlaps its products with the loads still in flight, is faster.
+    // Staged weight rows (TANDEM_MOE_STAGED=1) for launches of 2 or more tokens: all of a block's row bytes in flight
+    // at once, then read back from shared memory once per pair, one pair per pass (bench/RESULTS.md run AE: 2 % faster
+    // at verify sizes; at 2 or 4 pairs per pass the extra registers cost resident blocks and it was slower). For one
+    // token the register path, which overlaps its products with the loads still in flight, is faster.
     const bool staged = moe_staged() && nt > 1;
-    // Staged rows are read back from shared memory once per pass, so they take one pair per pass (more pairs, more
-    // registers and fewer blocks resident: slower, run AE).
     const int pairs_per_pass = staged ? 1 : std::min(nt == 1 ? 1 : (nt == 2 ? 2 : 4), forced_pairs());
 
     // One token: slot j is pair j (its expert idx[j]; a repeated expert is computed once per slot), no tables.
