@@ -112,9 +112,7 @@ Status CudaBackend::init() {
   set_programmatic_launch(props_.major >= 9 && !switched_off("TANDEM_PDL"));
   set_weight_prefetch(!switched_off("TANDEM_WEIGHT_PREFETCH"));
   set_gemv_balance(!switched_off("TANDEM_GEMV_BALANCE"));
-  // Off until its bit-identity test has run on a GPU at one pair per pass (bench/RESULTS.md run AE).
-  const char* staged = std::getenv("TANDEM_MOE_STAGED");
-  set_moe_staged(staged != nullptr && std::string_view(staged) == "1");
+  set_moe_staged(!switched_off("TANDEM_MOE_STAGED"));
   concurrent_streams_ = !switched_off("TANDEM_BRANCHES");
   set_fused_per_layer_input(!switched_off("TANDEM_FUSED_PLE"));
   if (const char* fit = std::getenv("TANDEM_GEMV_FIT")) {

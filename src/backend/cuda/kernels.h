@@ -75,7 +75,7 @@ Status launch_attention(const AttentionArgs& a, const Scratch& scratch, cudaStre
 Status launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
 Status launch_moe_experts(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream_t stream);
 // Whether the GEMV-style expert kernels stage their weight rows in shared memory (moe.cu stage_rows; the same bits
-// either way) for launches of 2 or more tokens, one pair per pass. Off unless TANDEM_MOE_STAGED=1.
+// either way) for launches of 2 or more tokens, one pair per pass. On unless TANDEM_MOE_STAGED=0.
 void set_moe_staged(bool on);
 bool moe_staged();
 // gemv.cu: decode/verify products (1..9 bf16 rows, bf16 weights, K % 8 == 0, 16-byte aligned w and x).

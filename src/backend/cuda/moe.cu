@@ -442,7 +442,7 @@ __global__ void __launch_bounds__(kThreads)
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 std::atomic<bool>& staged_flag() {
-  static std::atomic<bool> on{false};
+  static std::atomic<bool> on{true};
   return on;
 }
 
