@@ -1,6 +1,7 @@
 // per_layer_input (ops.h PerLayerInputArgs) on the GPU: the one-launch cluster kernel must give the bits of the
-// composite op (rms_norm, linear_gelu_mul, linear, rms_norm_then on the GEMV) at E2B's and E4B's widths, with and
-// without the next layer's input norm, bf16 and f32 norm weights; shapes it does not take run the composite.
+// composite op (rms_norm, linear_gelu_mul, linear, rms_norm_then on the GEMV) at E2B's and E4B's widths for a decode
+// step and verify passes of up to 9 tokens, with and without the next layer's input norm, bf16 and f32 norm
+// weights; shapes it does not take run the composite.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -87,35 +88,44 @@ struct Outputs {
 TEST_F(CudaPerLayerInput, OneLaunchEqualsTheCompositeBitwise) {
   GemvOn gemv(be());
   uint32_t seed = 4100;
-  for (int64_t d : {1536, 2560}) {
-    for (DType nd : {kBF16, kF32}) {
-      for (bool next : {true, false}) {
-        SCOPED_TRACE(strfmt("d %lld, %s norm weights, next norm %d", static_cast<long long>(d), dtype_name(nd), next));
-        const Block b(be(), 1, d, nd, seed);
-        seed += 16;
-        Outputs want(be(), b, 1, d), got(be(), b, 1, d);
-        be().Backend::per_layer_input(want.args(b, next));
-        const PerLayerInputArgs a = got.args(b, next);
-        ASSERT_TRUE(cuda::per_layer_input_fusable(a)) << "this GPU does not take the one-launch kernel";
-        be().per_layer_input(a);
-        for (Outputs* o : {&want, &got})
-          for (DeviceTensor* t : {&o->x, &o->xn}) t->download();
-        EXPECT_TRUE(same_bits(got.x.host(), want.x.host())) << "x";
-        EXPECT_FALSE(same_bits(got.x.host(), b.x0.host())) << "x unchanged";
-        if (next) {
-          EXPECT_TRUE(same_bits(got.xn.host(), want.xn.host())) << "next input norm";
-        }
-        ASSERT_TRUE(be().last_error().ok()) << be().last_error().to_string();
-      }
+  struct Case {
+    int64_t rows, d;
+    DType norm_dtype;
+    bool next;
+  };
+  std::vector<Case> cases;
+  for (int64_t d : {1536, 2560})
+    for (DType nd : {kBF16, kF32})
+      for (bool next : {true, false}) cases.push_back({1, d, nd, next});
+  for (int64_t rows : {2, 3, 5, 8, 9})
+    for (int64_t d : {1536, 2560}) cases.push_back({rows, d, rows % 2 ? kBF16 : kF32, rows != 8});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(strfmt("%lld rows, d %lld, %s norm weights, next norm %d", static_cast<long long>(c.rows),
+                        static_cast<long long>(c.d), dtype_name(c.norm_dtype), c.next));
+    const Block b(be(), c.rows, c.d, c.norm_dtype, seed);
+    seed += 16;
+    Outputs want(be(), b, c.rows, c.d), got(be(), b, c.rows, c.d);
+    be().Backend::per_layer_input(want.args(b, c.next));
+    const PerLayerInputArgs a = got.args(b, c.next);
+    ASSERT_TRUE(cuda::per_layer_input_fusable(a)) << "this GPU does not take the one-launch kernel";
+    be().per_layer_input(a);
+    for (Outputs* o : {&want, &got})
+      for (DeviceTensor* t : {&o->x, &o->xn}) t->download();
+    EXPECT_TRUE(same_bits(got.x.host(), want.x.host())) << "x";
+    EXPECT_FALSE(same_bits(got.x.host(), b.x0.host())) << "x unchanged";
+    if (c.next) {
+      EXPECT_TRUE(same_bits(got.xn.host(), want.xn.host())) << "next input norm";
     }
+    ASSERT_TRUE(be().last_error().ok()) << be().last_error().to_string();
   }
 }
 
 TEST_F(CudaPerLayerInput, OtherShapesRunTheComposite) {
-  // Two tokens (a verify pass) and a width that is not a multiple of 256: not fusable, same bits as the composite.
+  // Ten tokens (past the GEMV's rows) and a width that is not a multiple of 256: not fusable, same bits as the
+  // composite.
   GemvOn gemv(be());
   uint32_t seed = 4300;
-  for (auto [rows, d] : {std::pair<int64_t, int64_t>{2, 1536}, std::pair<int64_t, int64_t>{1, 1288}}) {
+  for (auto [rows, d] : {std::pair<int64_t, int64_t>{10, 1536}, std::pair<int64_t, int64_t>{1, 1288}}) {
     SCOPED_TRACE(strfmt("rows %lld d %lld", static_cast<long long>(rows), static_cast<long long>(d)));
     const Block b(be(), rows, d, kBF16, seed);
     seed += 16;

@@ -445,7 +445,7 @@ void CudaBackend::rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next) {
 }
 
 void CudaBackend::per_layer_input(const PerLayerInputArgs& a) {
-  // One launch for one token where it gives the composite's bits (its products on the GEMV); else the composite.
+  // One launch for 1..9 tokens where it gives the composite's bits (its products on the GEMV); else the composite.
   if (gemm_->gemv_mode() == GemvMode::kOff || fused_gemv_rows_ < 1 || !per_layer_input_fusable(a))
     return Backend::per_layer_input(a);
   for (const Tensor* t : {&a.x, &a.f, &a.gate, &a.proj}) expect_gpu(*t, index_, "per_layer_input", "x/f/w");
@@ -456,7 +456,9 @@ void CudaBackend::per_layer_input(const PerLayerInputArgs& a) {
   const int pt = prof_.begin(cuda_stream(current_));
   record(launch_per_layer_input(a, cuda_stream(current_)));
   if (pt >= 0)
-    prof_.end(pt, cuda_stream(current_), strfmt("per_layer_input 1x%lld", static_cast<long long>(a.x.dim(-1))));
+    prof_.end(
+        pt, cuda_stream(current_),
+        strfmt("per_layer_input %lldx%lld", static_cast<long long>(a.x.rows()), static_cast<long long>(a.x.dim(-1))));
 }
 
 void CudaBackend::rms_norm_seq(std::span<const RmsNormArgs> stages) {

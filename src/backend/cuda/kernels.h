@@ -112,9 +112,9 @@ Status launch_linear_gelu_mul_gemv(const LinearGeluMulArgs& a, int sm_count, cud
 Status launch_linear_simple(const LinearArgs& a, cudaStream_t stream);
 
 // per_layer_input.cu
-// The per-layer-input block for one token as one launch of a 16-block cluster, bit-identical to the composite op
-// when its products run on the GEMV: x [1, d] bf16 with d a multiple of 256 up to 2560, P = 256, bf16 weights and
-// activations, 16-byte aligned, GEMV rows in one pass, and a GPU that places 16-block clusters. On unless
+// The per-layer-input block for 1..9 tokens as one launch of a 16-block cluster per token, bit-identical to the
+// composite op when its products run on the GEMV: x [T, d] bf16 with d a multiple of 256 up to 2560, P = 256, bf16
+// weights and activations, 16-byte aligned, GEMV rows in one pass, and a GPU that places 16-block clusters. On unless
 // TANDEM_FUSED_PLE=0.
 void set_fused_per_layer_input(bool on);
 bool per_layer_input_fusable(const PerLayerInputArgs& a);

@@ -1,6 +1,7 @@
-// per_layer_input (ops.h PerLayerInputArgs) for one token as one launch: a cluster of 16 blocks runs the E models'
-// per-layer-input block, four dependent launches of the composite op (norm, gate GEMV + gelu_mul, projection GEMV,
-// norm + next layer's input norm), with the cluster barrier between the steps instead of a kernel boundary.
+// per_layer_input (ops.h PerLayerInputArgs) for 1..9 tokens as one launch: for each token (grid row y) a cluster of
+// 16 blocks runs the E models' per-layer-input block, four dependent launches of the composite op (norm, gate GEMV +
+// gelu_mul, projection GEMV, norm + next layer's input norm), with the cluster barrier between the steps instead of
+// a kernel boundary.
 //
 // Every step computes as the composite's kernel does, so the results are bit-identical to it:
 //  - a block has d / 8 threads, the norms' geometry (one thread per 8 elements in one pass); every block computes
@@ -10,9 +11,11 @@
 //  - the 256 gelu_mul outputs are exchanged through distributed shared memory; block b computes projection rows
 //    [b d / 16, (b + 1) d / 16), a warp per row with one 16-byte chunk per lane, as the GEMV does for K = 256;
 //  - block 0 gathers the projection and runs the residual norm (with layer_scalar) and the next input norm.
+// The GEMV's sums do not depend on its row count, so each token's bits are the composite's at any token count.
 // Each block requests its weights (96 KB at E2B's width, 160 KB at E4B's) into registers before the wait for the
-// kernel before, so their fetch overlaps that kernel. Shapes it does not take (other widths, more tokens, GEMV
-// geometries of another TANDEM_GEMV_FIT mode) run the composite.
+// kernel before, so their fetch overlaps that kernel; a verify pass's clusters read the same weights, from L2 after
+// the first. Shapes it does not take (other widths, more than 9 tokens, GEMV geometries of another TANDEM_GEMV_FIT
+// mode) run the composite.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
@@ -37,17 +40,18 @@ constexpr int kGateRows = kPle / kCluster;  // gate rows per block
 constexpr int kProjRows = 256 / kCluster;   // projection rows per warp: d / 16 rows over d / 256 warps
 constexpr int kMaxThreads = 320;            // d <= 2560: the weights in registers leave room for no more
 constexpr int kMaxProjRowsPerBlock = kMaxThreads / kWarp * kProjRows;
+constexpr int kMaxTokens = 9;  // a verify pass of 8 drafts; the composite's GEMV takes up to 9 rows
 
 struct PliParams {
   bf16* x;
   const bf16* f;
   const bf16* gate;
-  const bf16* ple;
+  const bf16* ple;  // token k's per-layer inputs at ple + k * ple_stride
   const bf16* proj;
   bf16* next_out;  // or null
   NormWeight w_ffn, w_post, w_next;
   float layer_scalar, eps;
-  int64_t d;
+  int64_t d, ple_stride;
 };
 
 __global__ void __launch_bounds__(kMaxThreads, 1) per_layer_input_kernel(PliParams p) {
@@ -57,26 +61,30 @@ __global__ void __launch_bounds__(kMaxThreads, 1) per_layer_input_kernel(PliPara
   const int n_warps = static_cast<int>(blockDim.x) / kWarp;
   const int64_t d = p.d, chunks = d / 8;  // chunks == blockDim.x
   const int64_t proj_row0 = static_cast<int64_t>(rank) * (d / kCluster) + static_cast<int64_t>(warp) * kProjRows;
+  const int64_t tok = blockIdx.y, row = tok * d;  // this cluster's token and its row offset
 
   // This block's weights, requested before the wait: chunk t of its gate rows, chunk `lane` of its warp's
-  // projection rows (rows of P = 256 values are 32 chunks).
+  // projection rows (rows of P = 256 values are 32 chunks). Streamed past the caches for one token; kept in L2
+  // when the other tokens' clusters read them too.
+  const bool one_token = gridDim.y == 1;
+  auto load_w = [one_token](const uint4* ptr) { return one_token ? __ldcs(ptr) : __ldg(ptr); };
   uint4 wg[kGateRows], wp[kProjRows];
 #pragma unroll
   for (int r = 0; r < kGateRows; ++r)
-    wg[r] = __ldcs(reinterpret_cast<const uint4*>(p.gate) + (rank * kGateRows + r) * chunks + t);
+    wg[r] = load_w(reinterpret_cast<const uint4*>(p.gate) + (rank * kGateRows + r) * chunks + t);
 #pragma unroll
   for (int r = 0; r < kProjRows; ++r)
-    wp[r] = __ldcs(reinterpret_cast<const uint4*>(p.proj) + (proj_row0 + r) * (kPle / 8) + lane);
+    wp[r] = load_w(reinterpret_cast<const uint4*>(p.proj) + (proj_row0 + r) * (kPle / 8) + lane);
   pdl_enter();
 
   // 1. x1 = x + norm(f) * w_ffn (rms_norm with a residual), this thread's 8 elements, rounded as stored.
   float x1[8];
   {
     float fv[8], wv[8], rv[8];
-    load_vec<bf16, 8>(p.f + 8 * t, fv);
+    load_vec<bf16, 8>(p.f + row + 8 * t, fv);
     const float inv = inv_rms_of(block_sum(add_squares<8>(fv, 0.f)), d, p.eps);
     load_weight<8>(p.w_ffn, 8 * t, wv, true);
-    load_vec<bf16, 8>(p.x + 8 * t, rv);
+    load_vec<bf16, 8>(p.x + row + 8 * t, rv);
     norm_out<bf16, 8>(fv, inv, wv, rv, 1.f);
 #pragma unroll
     for (int j = 0; j < 8; ++j) x1[j] = round_as<bf16>(fv[j]);
@@ -101,7 +109,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) per_layer_input_kernel(PliPara
     float s = 0.f;
     for (int j = 0; j < n_warps; ++j) s += partial[j][t];
     const float g = round_as<bf16>(s);
-    pg[t] = from_f32<bf16>(round_as<bf16>(gelu_tanh(g)) * to_f32(p.ple[rank * kGateRows + t]));
+    pg[t] = from_f32<bf16>(round_as<bf16>(gelu_tanh(g)) * to_f32(p.ple[tok * p.ple_stride + rank * kGateRows + t]));
   }
   cluster.sync();
 
@@ -135,7 +143,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) per_layer_input_kernel(PliPara
   const float inv = inv_rms_of(block_sum(add_squares<8>(ov, 0.f)), d, p.eps);
   load_weight<8>(p.w_post, 8 * t, wv, true);
   norm_out<bf16, 8>(ov, inv, wv, x1, p.layer_scalar);
-  store_vec<bf16, 8>(p.x + 8 * t, ov);
+  store_vec<bf16, 8>(p.x + row + 8 * t, ov);
   if (p.next_out == nullptr) return;
   float xv[8];
 #pragma unroll
@@ -143,7 +151,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) per_layer_input_kernel(PliPara
   const float inv_next = inv_rms_of(block_sum(add_squares<8>(xv, 0.f)), d, p.eps);
   load_weight<8>(p.w_next, 8 * t, wv, true);
   norm_out<bf16, 8>(xv, inv_next, wv, nullptr, 1.f);
-  store_vec<bf16, 8>(p.next_out + 8 * t, xv);
+  store_vec<bf16, 8>(p.next_out + row + 8 * t, xv);
 }
 
 std::atomic<bool>& fused_flag() {
@@ -183,15 +191,15 @@ void set_fused_per_layer_input(bool on) { fused_flag().store(on, std::memory_ord
 bool per_layer_input_fusable(const PerLayerInputArgs& a) {
   if (!fused_flag().load(std::memory_order_relaxed)) return false;
   constexpr DType kB = DType::kBF16;
-  if (a.x.ndim != 2 || a.x.rows() != 1) return false;
-  const int64_t d = a.x.dim(-1);
+  if (a.x.ndim != 2 || a.x.rows() < 1 || a.x.rows() > kMaxTokens) return false;
+  const int64_t rows = a.x.rows(), d = a.x.dim(-1);
   if (d % 256 != 0 || d / 8 > kMaxThreads) return false;
   for (const Tensor* t : {&a.x, &a.f, &a.gate, &a.proj, &a.ple})
     if (t->dtype != kB || !aligned16(t->data)) return false;
   if (!a.x.is_contiguous() || !a.f.is_contiguous() || !a.f.same_shape(a.x) || a.f.data == a.x.data) return false;
   if (a.gate.ndim != 2 || a.gate.shape[0] != kPle || a.gate.shape[1] != d || !a.gate.is_contiguous()) return false;
   if (a.proj.ndim != 2 || a.proj.shape[0] != d || a.proj.shape[1] != kPle || !a.proj.is_contiguous()) return false;
-  if (a.ple.ndim != 2 || a.ple.shape[0] != 1 || a.ple.shape[1] != kPle || a.ple.stride[1] != 1) return false;
+  if (a.ple.ndim != 2 || a.ple.shape[0] != rows || a.ple.shape[1] != kPle || a.ple.stride[1] != 1) return false;
   if (!plain_norm_weight(a.post_ffn_norm, d) || !plain_norm_weight(a.post_norm, d)) return false;
   if (!a.next_out.empty() &&
       (a.next_out.dtype != kB || !a.next_out.same_shape(a.x) || !a.next_out.is_contiguous() ||
@@ -214,9 +222,11 @@ Status launch_per_layer_input(const PerLayerInputArgs& a, cudaStream_t stream) {
                     .w_next = norm_weight(a.next_norm),
                     .layer_scalar = a.layer_scalar,
                     .eps = a.eps,
-                    .d = a.x.dim(-1)};
+                    .d = a.x.dim(-1),
+                    .ple_stride = a.ple.stride[0]};
+  const dim3 grid(kCluster, static_cast<unsigned>(a.x.rows()));
   TANDEM_CUDA_TRY(
-      launch_clusters_pdl(per_layer_input_kernel, kCluster, static_cast<unsigned>(p.d / 8), 0, stream, kCluster, p));
+      launch_clusters_pdl(per_layer_input_kernel, grid, static_cast<unsigned>(p.d / 8), 0, stream, kCluster, p));
   return ok_status();
 }
 
