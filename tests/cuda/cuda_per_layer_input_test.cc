@@ -4,6 +4,7 @@
 // weights; shapes it does not take run the composite.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -99,6 +100,10 @@ TEST_F(CudaPerLayerInput, OneLaunchEqualsTheCompositeBitwise) {
       for (bool next : {true, false}) cases.push_back({1, d, nd, next});
   for (int64_t rows : {2, 3, 5, 8, 9})
     for (int64_t d : {1536, 2560}) cases.push_back({rows, d, rows % 2 ? kBF16 : kF32, rows != 8});
+  for (int64_t d : {1536, 2560})
+    std::printf("per_layer_input at d %lld: %d clusters at once\n", static_cast<long long>(d),
+                cuda::per_layer_input_max_clusters(d));
+  int fused_passes = 0;
   for (const Case& c : cases) {
     SCOPED_TRACE(strfmt("%lld rows, d %lld, %s norm weights, next norm %d", static_cast<long long>(c.rows),
                         static_cast<long long>(c.d), dtype_name(c.norm_dtype), c.next));
@@ -107,7 +112,13 @@ TEST_F(CudaPerLayerInput, OneLaunchEqualsTheCompositeBitwise) {
     Outputs want(be(), b, c.rows, c.d), got(be(), b, c.rows, c.d);
     be().Backend::per_layer_input(want.args(b, c.next));
     const PerLayerInputArgs a = got.args(b, c.next);
-    ASSERT_TRUE(cuda::per_layer_input_fusable(a)) << "this GPU does not take the one-launch kernel";
+    // One token always fuses on sm_90; a verify pass fuses while its clusters (one per token) take at most two
+    // thirds of those that fit at once.
+    const bool fusable = cuda::per_layer_input_fusable(a);
+    if (c.rows == 1) {
+      ASSERT_TRUE(fusable) << "this GPU does not take the one-launch kernel";
+    }
+    fused_passes += c.rows > 1 && fusable;
     be().per_layer_input(a);
     for (Outputs* o : {&want, &got})
       for (DeviceTensor* t : {&o->x, &o->xn}) t->download();
@@ -118,6 +129,7 @@ TEST_F(CudaPerLayerInput, OneLaunchEqualsTheCompositeBitwise) {
     }
     ASSERT_TRUE(be().last_error().ok()) << be().last_error().to_string();
   }
+  EXPECT_GT(fused_passes, 0) << "no verify pass took the one-launch kernel";
 }
 
 TEST_F(CudaPerLayerInput, OtherShapesRunTheComposite) {

@@ -118,6 +118,8 @@ Status launch_linear_simple(const LinearArgs& a, cudaStream_t stream);
 // TANDEM_FUSED_PLE=0.
 void set_fused_per_layer_input(bool on);
 bool per_layer_input_fusable(const PerLayerInputArgs& a);
+// How many of its 16-block clusters run at once at width d (a verify pass of T tokens fuses when 3 T <= 2 x that).
+int per_layer_input_max_clusters(int64_t d);
 Status launch_per_layer_input(const PerLayerInputArgs& a, cudaStream_t stream);
 
 }  // namespace tandem::cuda

@@ -159,25 +159,26 @@ std::atomic<bool>& fused_flag() {
   return on;
 }
 
-// Whether this GPU can place a 16-block cluster of this kernel (asked once; sets the kernel's attribute).
-bool cluster_fits() {
-  static const bool fits = [] {
-    if (cudaFuncSetAttribute(per_layer_input_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-        cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    cudaLaunchAttribute attr[2];
-    const cudaLaunchConfig_t cfg =
-        launch_config(kCluster, kMaxThreads, 0, nullptr, attr, cluster_attrs(attr, kCluster, false));
-    int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, per_layer_input_kernel, &cfg) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    return n > 0;
-  }();
-  return fits;
+// How many 16-block clusters of the kernel with `threads` threads per block this GPU runs at once (0: none; asked
+// once per block size and process, which serves one GPU model; sets the kernel's attribute). A launch takes one
+// cluster per token; it fuses a verify pass only while its clusters need at most two thirds of that, because each
+// cluster needs 16 free SMs of one GPC and would otherwise wait for the kernel before it to drain (bench/RESULTS.md
+// runs AH, AI on an H100: E2B, 14 clusters at once, gained up to 9 tokens; E4B, 7, lost at 7 and 9 tokens).
+int max_clusters(int threads) {
+  static std::atomic<int> known[kMaxThreads / kWarp + 1] = {};  // by whole warps; 0: not asked yet, else n + 1
+  const int slot = threads / kWarp;
+  if (const int v = known[slot].load(std::memory_order_relaxed); v > 0) return v - 1;
+  int n = 0;
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg =
+      launch_config(kCluster, static_cast<unsigned>(threads), 0, nullptr, attr, cluster_attrs(attr, kCluster, false));
+  if (cudaFuncSetAttribute(per_layer_input_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
+      cudaOccupancyMaxActiveClusters(&n, per_layer_input_kernel, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();  // this query's error, not a launch's
+    n = 0;
+  }
+  known[slot].store(n + 1, std::memory_order_relaxed);
+  return n;
 }
 
 bool plain_norm_weight(const Tensor& w, int64_t d) {
@@ -187,6 +188,10 @@ bool plain_norm_weight(const Tensor& w, int64_t d) {
 }  // namespace
 
 void set_fused_per_layer_input(bool on) { fused_flag().store(on, std::memory_order_relaxed); }
+
+int per_layer_input_max_clusters(int64_t d) {
+  return d % 256 == 0 && d / 8 <= kMaxThreads ? max_clusters(static_cast<int>(d / 8)) : 0;
+}
 
 bool per_layer_input_fusable(const PerLayerInputArgs& a) {
   if (!fused_flag().load(std::memory_order_relaxed)) return false;
@@ -206,7 +211,9 @@ bool per_layer_input_fusable(const PerLayerInputArgs& a) {
        !aligned16(a.next_out.data) || a.next_out.data == a.x.data || !plain_norm_weight(a.next_norm, d)))
     return false;
   // The two products must be what linear_gelu_mul / linear compute on the GEMV: one pass of one thread per chunk.
-  return gemv_block_threads(d) == d / 8 && gemv_block_threads(kPle) == kPle / 8 && cluster_fits();
+  return gemv_block_threads(d) == d / 8 && gemv_block_threads(kPle) == kPle / 8 &&
+         (rows == 1 ? max_clusters(static_cast<int>(d / 8)) > 0
+                    : 3 * rows <= 2 * max_clusters(static_cast<int>(d / 8)));
 }
 
 Status launch_per_layer_input(const PerLayerInputArgs& a, cudaStream_t stream) {
