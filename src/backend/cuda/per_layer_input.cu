@@ -211,9 +211,9 @@ bool per_layer_input_fusable(const PerLayerInputArgs& a) {
        !aligned16(a.next_out.data) || a.next_out.data == a.x.data || !plain_norm_weight(a.next_norm, d)))
     return false;
   // The two products must be what linear_gelu_mul / linear compute on the GEMV: one pass of one thread per chunk.
-  return gemv_block_threads(d) == d / 8 && gemv_block_threads(kPle) == kPle / 8 &&
-         (rows == 1 ? max_clusters(static_cast<int>(d / 8)) > 0
-                    : 3 * rows <= 2 * max_clusters(static_cast<int>(d / 8)));
+  if (gemv_block_threads(d) != d / 8 || gemv_block_threads(kPle) != kPle / 8) return false;
+  const int clusters = max_clusters(static_cast<int>(d / 8));
+  return clusters > 0 && (rows == 1 || 3 * rows <= 2 * clusters);
 }
 
 Status launch_per_layer_input(const PerLayerInputArgs& a, cudaStream_t stream) {
