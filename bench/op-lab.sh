@@ -4,7 +4,7 @@
 # env settings, "-" = none, ',' joins several; commas inside a value are not supported, so a value like
 # TANDEM_MOE_ROWS=2,4 is written TANDEM_MOE_ROWS=2:4 and the colon becomes a comma). OP_LAB_BENCH="A ..." adds
 # `tandem bench` decode/verify lines per variant (builds tandem too); OP_LAB_GTEST="BINARY:FILTER" builds a test
-# binary and runs it once with that gtest filter first; OP_LAB_NCU=1 adds ncu kernel durations (mean per kernel and
+# binary and runs it once with that gtest filter first (its whole output: $OUT/gtest-full.txt); OP_LAB_NCU=1 adds ncu kernel durations (mean per kernel and
 # grid) of the default variant. Results: $OUT/op.txt, $OUT/ncu-durations.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +30,7 @@ if [ -n "$gtest" ]; then
   timeout 240 "$bin" --gtest_filter="${gtest#*:}" >"$logs/gtest.txt" 2>&1
   echo "gtest ${gtest}: rc $?"
   grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|tests ran" "$logs/gtest.txt" | tee "$out/gtest.txt"
+  cp "$logs/gtest.txt" "$out/gtest-full.txt"
 fi
 for v in ${OP_LAB_VARIANTS:--}; do
   envs=()

@@ -143,6 +143,15 @@ class Backend : public Allocator {
       rms_norm_then(post, {.out = a.next_out, .x = a.x, .weight = a.next_norm, .eps = a.eps});
     }
   }
+  // Composite op: a dense layer's attention output product, norms and GeGLU MLP (ops.h AttnOutMlpArgs); CUDA runs
+  // it as one launch for one token.
+  virtual void attn_out_mlp(const AttnOutMlpArgs& a) {
+    linear({.out = a.o, .x = a.attn, .w = a.o_proj});
+    rms_norm_then({.out = a.x, .x = a.o, .weight = a.post_attn_norm, .eps = a.eps, .residual = a.x},
+                  {.out = a.xn, .x = a.x, .weight = a.pre_ffn_norm, .eps = a.eps});
+    geglu({.out = a.g, .x = a.xn, .w_gate = a.gate, .w_up = a.up, .up = a.u});
+    linear({.out = a.f, .x = a.g, .w = a.down});
+  }
   // Composite op: n products unless a backend fuses them (CUDA: one GEMV launch at decode sizes).
   virtual void linear_group(const LinearGroupArgs& a) {
     for (int i = 0; i < a.n; ++i) linear({.out = a.out[i], .x = a.x, .w = a.w[i]});

@@ -174,6 +174,23 @@ struct PerLayerInputArgs {
   Tensor next_out, next_norm;
 };
 
+// The middle of a dense layer (spec §1.5, §1.9): the attention output product, the post-attention residual norm with
+// the feed-forward input norm, and the GeGLU MLP, as these ops compute and round it:
+//   linear({.out = o, .x = attn, .w = o_proj})
+//   rms_norm_then({.out = x, .x = o, .weight = post_attn_norm, .eps = eps, .residual = x},
+//                 {.out = xn, .x = x, .weight = pre_ffn_norm, .eps = eps})
+//   geglu({.out = g, .x = xn, .w_gate = gate, .w_up = up, .up = u})
+//   linear({.out = f, .x = g, .w = down})
+// attn [n_tokens, n_heads * head_dim]; o, x, xn, f [n_tokens, d]; g, u [n_tokens, d_ff] (all act); o_proj [d, n_heads
+// * head_dim], gate / up [d_ff, d], down [d, d_ff]. o, xn, g and u are scratch: a backend that fuses the block may
+// leave them unwritten.
+struct AttnOutMlpArgs {
+  Tensor attn, o_proj, o;
+  Tensor x, post_attn_norm, xn, pre_ffn_norm;
+  float eps = 1e-6f;
+  Tensor gate, up, g, u, down, f;
+};
+
 // Up to kMaxLinearGroup products of one x: out[i] = x @ w[i]^T for i < n (an attention layer's q, k and v
 // projections), each exactly as linear({.out = out[i], .x = x, .w = w[i]}) computes it.
 inline constexpr int kMaxLinearGroup = 3;

@@ -430,7 +430,6 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
     r += n;
   }
   const Tensor o = ws.o.view(act, {rows, d});
-  backend_.linear({.out = o, .x = attn.reshape({rows, nh * hd}), .w = lw.attn.o_proj});
   // x = x + norm(o): the residual add fused into the post-attention norm (ops.h; the same bits as norm then add);
   // then xn = pre_ffn_norm(x), the feed-forward block's input.
   const RmsNormArgs post_attn{.out = x, .x = o, .weight = lw.post_attn_norm, .eps = tc.rms_eps, .residual = x};
@@ -447,9 +446,23 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
   RmsNormArgs tail[4];  // norms after the block, run as one rms_norm_seq
   int n_tail = 0;
   if (!ls.moe) {
-    backend_.rms_norm_then(post_attn, pre_ffn);
-    dense();
+    // The o product, both norms and the GeGLU MLP as one op (one launch on CUDA for a decode step).
+    backend_.attn_out_mlp({.attn = attn.reshape({rows, nh * hd}),
+                           .o_proj = lw.attn.o_proj,
+                           .o = o,
+                           .x = x,
+                           .post_attn_norm = lw.post_attn_norm,
+                           .xn = xn,
+                           .pre_ffn_norm = lw.pre_ffn_norm,
+                           .eps = tc.rms_eps,
+                           .gate = lw.mlp.gate,
+                           .up = lw.mlp.up,
+                           .g = g,
+                           .u = u,
+                           .down = lw.mlp.down,
+                           .f = f});
   } else {
+    backend_.linear({.out = o, .x = attn.reshape({rows, nh * hd}), .w = lw.attn.o_proj});
     // The experts' path: the router input z (a weightless norm of the residual * router.scale * d_model^-0.5) and
     // the experts' input y2 (pre_ffn_norm_2), both norms of the updated x, in the same op as post_attn/pre_ffn.
     const Tensor z = ws.z.view(act, {rows, d});

@@ -2,6 +2,7 @@
 #include "cuda/cuda_fixture.h"
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 
@@ -121,6 +122,10 @@ void expect_close(const HostTensor& got, const HostTensor& want, const Tolerance
     }
   }
   EXPECT_EQ(bad, 0) << "elements outside the elementwise bound";
+}
+
+bool same_bits(const HostTensor& a, const HostTensor& b) {
+  return a.t().nbytes() == b.t().nbytes() && std::memcmp(a.t().data, b.t().data, a.t().nbytes()) == 0;
 }
 
 void fill_random(HostTensor& t, uint32_t seed) {

@@ -69,4 +69,18 @@ void expect_close(const HostTensor& got, const HostTensor& want, const Tolerance
 // Fills a float tensor with uniform values in [-1, 1) (rounded to its dtype).
 void fill_random(HostTensor& t, uint32_t seed);
 
+// Whether two host tensors hold the same bytes (bit-identical results of a fused kernel and its composite).
+bool same_bits(const HostTensor& a, const HostTensor& b);
+
+// Pins the backend's products to the GEMV for its lifetime (fused kernels reproduce the GEMV's arithmetic, so
+// their tests compare against composites on it), then restores the mode.
+struct GemvOn {
+  explicit GemvOn(cuda::CudaBackend& b) : be(b), mode(b.gemv_mode()) { be.set_gemv_mode(cuda::GemvMode::kOn); }
+  ~GemvOn() { be.set_gemv_mode(mode); }
+  GemvOn(const GemvOn&) = delete;
+  GemvOn& operator=(const GemvOn&) = delete;
+  cuda::CudaBackend& be;
+  cuda::GemvMode mode;
+};
+
 }  // namespace tandem::testing

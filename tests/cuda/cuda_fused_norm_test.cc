@@ -25,10 +25,6 @@ constexpr DType kI32 = DType::kI32;
 
 using CudaFusedNorm = CudaTest;
 
-bool same_bits(const HostTensor& a, const HostTensor& b) {
-  return a.t().nbytes() == b.t().nbytes() && std::memcmp(a.t().data, b.t().data, a.t().nbytes()) == 0;
-}
-
 // [rows, dim] view of `t`'s memory starting `offset` elements in (offset 1: not 16-byte aligned).
 Tensor view_at(const DeviceTensor& t, int64_t offset, int64_t rows, int64_t dim) {
   char* p = static_cast<char*>(t.t().data) + offset * static_cast<int64_t>(dtype_size(t.t().dtype));

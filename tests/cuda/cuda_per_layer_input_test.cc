@@ -21,17 +21,6 @@ constexpr DType kF32 = DType::kF32;
 
 using CudaPerLayerInput = CudaTest;
 
-bool same_bits(const HostTensor& a, const HostTensor& b) {
-  return a.t().nbytes() == b.t().nbytes() && std::memcmp(a.t().data, b.t().data, a.t().nbytes()) == 0;
-}
-
-struct GemvOn {  // the composite's products on the GEMV (the kernel reproduces its arithmetic), restored after
-  explicit GemvOn(cuda::CudaBackend& b) : be(b), mode(b.gemv_mode()) { be.set_gemv_mode(cuda::GemvMode::kOn); }
-  ~GemvOn() { be.set_gemv_mode(mode); }
-  cuda::CudaBackend& be;
-  cuda::GemvMode mode;
-};
-
 // One block of random inputs; fused() and composite() run it from the same starting x.
 struct Block {
   Block(cuda::CudaBackend& be, int64_t rows, int64_t d, DType norm_dtype, uint32_t seed)

@@ -115,6 +115,7 @@ Status CudaBackend::init() {
   set_moe_staged(!switched_off("TANDEM_MOE_STAGED"));
   concurrent_streams_ = !switched_off("TANDEM_BRANCHES");
   set_fused_per_layer_input(!switched_off("TANDEM_FUSED_PLE"));
+  if (const char* mlp = std::getenv("TANDEM_FUSED_MLP")) set_fused_attn_out_mlp(std::string_view(mlp) == "1");
   if (const char* fit = std::getenv("TANDEM_GEMV_FIT")) {
     if (std::string_view(fit) == "0" || std::string_view(fit) == "1" || std::string_view(fit) == "2") {
       set_gemv_fit(fit[0] - '0');
@@ -459,6 +460,24 @@ void CudaBackend::per_layer_input(const PerLayerInputArgs& a) {
     prof_.end(
         pt, cuda_stream(current_),
         strfmt("per_layer_input %lldx%lld", static_cast<long long>(a.x.rows()), static_cast<long long>(a.x.dim(-1))));
+}
+
+void CudaBackend::attn_out_mlp(const AttnOutMlpArgs& a) {
+  // One persistent launch for one token where it gives the composite's bits (its products on the GEMV); else the
+  // composite.
+  if (gemm_->gemv_mode() == GemvMode::kOff || fused_gemv_rows_ < 1 || !attn_out_mlp_fusable(a))
+    return Backend::attn_out_mlp(a);
+  for (const Tensor* t : {&a.attn, &a.o_proj, &a.o, &a.x, &a.gate, &a.up, &a.g, &a.down, &a.f})
+    expect_gpu(*t, index_, "attn_out_mlp", "tensor");
+  for (const Tensor* t : {&a.post_attn_norm, &a.pre_ffn_norm})
+    if (!t->empty()) expect_gpu(*t, index_, "attn_out_mlp", "norm");
+  if (!activate()) return;
+  const int pt = prof_.begin(cuda_stream(current_));
+  record(launch_attn_out_mlp(a, cuda_stream(current_)));
+  if (pt >= 0)
+    prof_.end(pt, cuda_stream(current_),
+              strfmt("attn_out_mlp %lld -> %lld -> %lld", static_cast<long long>(a.attn.dim(-1)),
+                     static_cast<long long>(a.x.dim(-1)), static_cast<long long>(a.gate.dim(0))));
 }
 
 void CudaBackend::rms_norm_seq(std::span<const RmsNormArgs> stages) {

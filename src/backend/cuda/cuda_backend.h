@@ -75,6 +75,7 @@ class CudaBackend final : public Backend {
   void geglu(const GegluArgs& a) override;
   void linear_gelu_mul(const LinearGeluMulArgs& a) override;
   void per_layer_input(const PerLayerInputArgs& a) override;
+  void attn_out_mlp(const AttnOutMlpArgs& a) override;
   void linear_group(const LinearGroupArgs& a) override;
   void rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next) override;
   void rms_norm_seq(std::span<const RmsNormArgs> stages) override;

@@ -148,6 +148,18 @@ __device__ __forceinline__ void pdl_enter() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+// pdl_enter's two halves, for a kernel that must not let the next one start early (a grid-wide barrier needs all
+// of its own blocks resident): the wait alone, and the go-ahead later.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 // Blocks for a grid-stride loop over n items with `threads` per block (capped; the loop covers the rest).
 inline unsigned grid_for(int64_t n, int threads) {

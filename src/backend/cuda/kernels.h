@@ -111,6 +111,15 @@ Status launch_linear_gelu_mul_gemv(const LinearGeluMulArgs& a, int sm_count, cud
 // the cuBLASLt path lives in class Gemm (gemm.h).
 Status launch_linear_simple(const LinearArgs& a, cudaStream_t stream);
 
+// attn_out_mlp.cu
+// A dense layer's attention output product, norms and GeGLU MLP for one token as one persistent launch (one block
+// per SM, grid-wide barriers between the steps), bit-identical to the composite op when its products run on the
+// GEMV: bf16 tensors, 16-byte aligned, d a multiple of 256 up to 2560, rows of d and n_heads * head_dim values in
+// one GEMV pass. Off unless TANDEM_FUSED_MLP=1 (slower than the composite so far: bench/RESULTS.md runs AJ-AL).
+void set_fused_attn_out_mlp(bool on);
+bool attn_out_mlp_fusable(const AttnOutMlpArgs& a);
+Status launch_attn_out_mlp(const AttnOutMlpArgs& a, cudaStream_t stream);
+
 // per_layer_input.cu
 // The per-layer-input block for 1..9 tokens as one launch of a 16-block cluster per token, bit-identical to the
 // composite op when its products run on the GEMV: x [T, d] bf16 with d a multiple of 256 up to 2560, P = 256, bf16
