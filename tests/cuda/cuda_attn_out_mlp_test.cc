@@ -4,10 +4,7 @@
 // verify passes run the composite.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <random>
-#include <string_view>
 #include <vector>
 
 #include "backend/cuda/kernels.h"
@@ -25,13 +22,16 @@ class CudaAttnOutMlp : public CudaTest {
  protected:
   void SetUp() override {
     CudaTest::SetUp();
+    was_on_ = cuda::fused_attn_out_mlp();
     cuda::set_fused_attn_out_mlp(true);
   }
   void TearDown() override {
-    cuda::set_fused_attn_out_mlp(std::getenv("TANDEM_FUSED_MLP") != nullptr &&
-                                 std::string_view(std::getenv("TANDEM_FUSED_MLP")) == "1");
+    cuda::set_fused_attn_out_mlp(was_on_);
     CudaTest::TearDown();
   }
+
+ private:
+  bool was_on_ = false;
 };
 
 struct Shape {

@@ -107,25 +107,28 @@ __device__ void grid_barrier() {
   __syncthreads();
 }
 
-// block_sum (device_utils.cuh) over the first n_warps warps, called by every thread: the bits of block_sum in a
-// block of n_warps warps (the second stage adds the same 32 lanes, zeros past n_warps).
-__device__ __forceinline__ float group_sum(float v, int n_warps) {
-  __shared__ float partial[kWarp];
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  v = warp_sum(v);
-  if (n_warps == 1) return v;
-  if (lane == 0 && warp < n_warps) partial[warp] = v;
-  __syncthreads();
-  v = lane < n_warps ? partial[lane] : 0.f;
-  v = warp_sum(v);
-  __syncthreads();
-  return v;
-}
+using PartialSums = float[kMaxWarps][2 * kMaxFfRows];  // per-warp partial sums of one step's rows
 
-__device__ __forceinline__ void unpack8(const uint4& raw, float (&v)[8]) {
-  const bf16* e = reinterpret_cast<const bf16*>(&raw);
+// The GEMV's epilogue for this block's rows (gemv.cu): each warp's sum of acc[r], then row r's sum over the warps of
+// `threads` in order, rounded into out[r]. Threads past `threads` hold no products but must call (block barrier).
+__device__ __forceinline__ void store_row_sums(const float (&acc)[kMaxRows], int n_rows, int threads, PartialSums& part,
+                                               bf16* out) {
+  const int t = static_cast<int>(threadIdx.x), lane = t % kWarp, warp = t / kWarp;
+  if (t < threads) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] = to_f32(e[j]);
+    for (int r = 0; r < kMaxRows; ++r) {
+      if (r < n_rows) {
+        const float v = warp_sum(acc[r]);
+        if (lane == 0) part[warp][r] = v;
+      }
+    }
+  }
+  __syncthreads();
+  if (t < n_rows) {
+    float s = 0.f;
+    for (int j = 0; j < threads / kWarp; ++j) s += part[j][t];
+    out[t] = from_f32<bf16>(s);
+  }
 }
 
 __global__ void __launch_bounds__(kMaxThreads, 1) attn_out_mlp_kernel(MlpParams p) {
@@ -133,7 +136,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) attn_out_mlp_kernel(MlpParams 
   // products, the first `pref` passes of the down rows, [pass][rows_alloc][thr_down]. Thread t copies the chunks it
   // will multiply itself, so it reads them after its own cp.async.wait_group, with no barrier.
   extern __shared__ uint4 smem[];
-  __shared__ float part[kMaxWarps][2 * kMaxFfRows];  // one step's per-warp partial sums
+  __shared__ PartialSums part;
   const int t = static_cast<int>(threadIdx.x), lane = t % kWarp, warp = t / kWarp;
   const int nb = static_cast<int>(gridDim.x), b = static_cast<int>(blockIdx.x);
   const int d = p.d, thr_n = d / 8, rps = p.rps;
@@ -174,31 +177,27 @@ __global__ void __launch_bounds__(kMaxThreads, 1) attn_out_mlp_kernel(MlpParams 
   pdl_wait();
 
   // 2. o rows: one chunk of attn per thread (rows of k_o values in one GEMV pass).
-  if (t < p.thr_o) {
-    const uint4 xa = __ldg(reinterpret_cast<const uint4*>(p.attn) + t);
+  {
+    float acc[kMaxRows] = {};
+    if (t < p.thr_o) {
+      const uint4 xa = __ldg(reinterpret_cast<const uint4*>(p.attn) + t);
 #pragma unroll
-    for (int r = 0; r < kMaxRows; ++r) {
-      if (r < n_rows) {
-        const float v = warp_sum(dot8_bf16(wo[r], xa, 0.f));
-        if (lane == 0) part[warp][r] = v;
-      }
+      for (int r = 0; r < kMaxRows; ++r) acc[r] = dot8_bf16(wo[r], xa, 0.f);
     }
-  }
-  __syncthreads();
-  if (t < n_rows) {
-    float s = 0.f;
-    for (int j = 0; j < p.thr_o / kWarp; ++j) s += part[j][t];
-    p.o[r0 + t] = from_f32<bf16>(s);
+    store_row_sums(acc, n_rows, p.thr_o, part, p.o + r0);
   }
   grid_barrier();
 
   // 3. Every block: x1 = x + norm(o) * w_post and xn = norm(x1) * w_pre, thread t < d / 8 holding elements
-  //    [8 t, 8 t + 8) (threads past d / 8 add zeros to no sum: group_sum reads d / 32 warps).
+  //    [8 t, 8 t + 8) (threads past d / 8 add to no sum: block_sum reads d / 32 warps).
   float x1[8] = {}, xn[8] = {};
   {
     float ov[8] = {}, wv[8] = {}, rv[8] = {};
-    if (t < thr_n) unpack8(__ldcg(reinterpret_cast<const uint4*>(p.o) + t), ov);
-    const float inv = inv_rms_of(group_sum(add_squares<8>(ov, 0.f), thr_n / kWarp), d, p.eps);
+    if (t < thr_n) {
+      const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(p.o) + t);  // written by other blocks: from L2
+      load_vec<bf16, 8>(reinterpret_cast<const bf16*>(&raw), ov);
+    }
+    const float inv = inv_rms_of(block_sum(add_squares<8>(ov, 0.f), thr_n / kWarp), d, p.eps);
     if (t < thr_n) {
       load_weight<8>(p.w_post, 8 * t, wv, true);
       load_vec<bf16, 8>(p.x + 8 * t, rv);
@@ -206,7 +205,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) attn_out_mlp_kernel(MlpParams 
     norm_out<bf16, 8>(ov, inv, wv, rv, 1.f);
 #pragma unroll
     for (int j = 0; j < 8; ++j) x1[j] = xn[j] = round_as<bf16>(ov[j]);
-    const float inv2 = inv_rms_of(group_sum(add_squares<8>(x1, 0.f), thr_n / kWarp), d, p.eps);
+    const float inv2 = inv_rms_of(block_sum(add_squares<8>(x1, 0.f), thr_n / kWarp), d, p.eps);
     if (t < thr_n) load_weight<8>(p.w_pre, 8 * t, wv, true);
     norm_out<bf16, 8>(xn, inv2, wv, nullptr, 1.f);
   }
@@ -262,10 +261,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1) attn_out_mlp_kernel(MlpParams 
   // 5. Down rows (the o rows' split): chunks t, t + thr_down, ... of g in ascending order, the first `pref` passes
   //    from shared memory.
   cp_async_wait<0>();
+  float acc[kMaxRows] = {};
   if (t < p.thr_down) {
-    float acc[kMaxRows];
-#pragma unroll
-    for (int r = 0; r < kMaxRows; ++r) acc[r] = 0.f;
     const uint4* gv = reinterpret_cast<const uint4*>(p.g);
     const int passes = static_cast<int>((chunks_f + p.thr_down - 1) / p.thr_down);
     for (int pass = 0; pass < passes; ++pass) {
@@ -283,20 +280,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1) attn_out_mlp_kernel(MlpParams 
           if (r < n_rows) acc[r] = dot8_bf16(__ldcs(w_dn + (r0 + r) * chunks_f + c), gc, acc[r]);
       }
     }
-#pragma unroll
-    for (int r = 0; r < kMaxRows; ++r) {
-      if (r < n_rows) {
-        const float v = warp_sum(acc[r]);
-        if (lane == 0) part[warp][r] = v;
-      }
-    }
   }
-  __syncthreads();
-  if (t < n_rows) {
-    float s = 0.f;
-    for (int j = 0; j < p.thr_down / kWarp; ++j) s += part[j][t];
-    p.f[r0 + t] = from_f32<bf16>(s);
-  }
+  store_row_sums(acc, n_rows, p.thr_down, part, p.f + r0);
 }
 
 std::atomic<bool>& fused_flag() {
@@ -339,10 +324,6 @@ const DeviceFit& device_fit() {
 
 bool plain_bf16(const Tensor& t) { return t.dtype == DType::kBF16 && t.is_contiguous() && aligned16(t.data); }
 
-bool plain_norm_weight(const Tensor& w, int64_t d) {
-  return plain_weight(w) && (w.empty() || (w.numel() == d && aligned16(w.data)));
-}
-
 struct Geometry {
   int thr_o = 0, thr_down = 0, threads = 0, rows_alloc = 0, pref = 0, rps = 0;
   size_t smem = 0;
@@ -366,9 +347,10 @@ Geometry geometry(int64_t d, int64_t k_o, int64_t ff, const DeviceFit& fit) {
 }  // namespace
 
 void set_fused_attn_out_mlp(bool on) { fused_flag().store(on, std::memory_order_relaxed); }
+bool fused_attn_out_mlp() { return fused_flag().load(std::memory_order_relaxed); }
 
 bool attn_out_mlp_fusable(const AttnOutMlpArgs& a) {
-  if (!fused_flag().load(std::memory_order_relaxed)) return false;
+  if (!fused_attn_out_mlp()) return false;
   if (a.x.ndim != 2 || a.x.rows() != 1) return false;
   const int64_t d = a.x.dim(-1), k_o = a.o_proj.ndim == 2 ? a.o_proj.dim(1) : 0,
                 ff = a.gate.ndim == 2 ? a.gate.dim(0) : 0;

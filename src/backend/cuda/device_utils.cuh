@@ -122,13 +122,16 @@ __device__ __forceinline__ T warp_inclusive_scan(T v) {
   return v;
 }
 
-// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-__device__ __forceinline__ float block_sum(float v) {
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the result. With n_warps
+// given, over the block's first n_warps warps only (the others' values are left out, but every thread must call):
+// the bits of the whole-block sum in a block of that many warps.
+__device__ __forceinline__ float block_sum(float v, int n_warps = -1) {
   __shared__ float partial[kWarp];
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, n_warps = blockDim.x / kWarp;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  if (n_warps < 0) n_warps = blockDim.x / kWarp;
   v = warp_sum(v);
   if (n_warps == 1) return v;
-  if (lane == 0) partial[warp] = v;
+  if (lane == 0 && warp < n_warps) partial[warp] = v;
   __syncthreads();
   v = lane < n_warps ? partial[lane] : 0.f;
   v = warp_sum(v);
@@ -142,12 +145,6 @@ __device__ __forceinline__ float block_sum(float v) {
 // the next kernel's launch overlaps this one's run instead of following its end. Waiting first keeps every
 // read-after-write and write-after-read order between kernels exactly as without it. No-op below sm_90 and for
 // launches without the attribute.
-__device__ __forceinline__ void pdl_enter() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 // pdl_enter's two halves, for a kernel that must not let the next one start early (a grid-wide barrier needs all
 // of its own blocks resident): the wait alone, and the go-ahead later.
 __device__ __forceinline__ void pdl_wait() {
@@ -159,6 +156,10 @@ __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+__device__ __forceinline__ void pdl_enter() {
+  pdl_wait();
+  pdl_trigger();
 }
 
 // Blocks for a grid-stride loop over n items with `threads` per block (capped; the loop covers the rest).

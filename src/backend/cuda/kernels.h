@@ -117,6 +117,7 @@ Status launch_linear_simple(const LinearArgs& a, cudaStream_t stream);
 // GEMV: bf16 tensors, 16-byte aligned, d a multiple of 256 up to 2560, rows of d and n_heads * head_dim values in
 // one GEMV pass. Off unless TANDEM_FUSED_MLP=1 (slower than the composite so far: bench/RESULTS.md runs AJ-AL).
 void set_fused_attn_out_mlp(bool on);
+bool fused_attn_out_mlp();
 bool attn_out_mlp_fusable(const AttnOutMlpArgs& a);
 Status launch_attn_out_mlp(const AttnOutMlpArgs& a, cudaStream_t stream);
 

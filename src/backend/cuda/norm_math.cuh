@@ -64,6 +64,10 @@ struct NormWeight {
 inline NormWeight norm_weight(const Tensor& w) { return NormWeight{w.empty() ? nullptr : w.data, w.dtype}; }
 // Whether the kernels read this weight: none, or bf16 / f32.
 inline bool plain_weight(const Tensor& w) { return w.empty() || w.dtype == DType::kBF16 || w.dtype == DType::kF32; }
+// A weight the fused kernels read with vector loads for rows of d: none, or d bf16 / f32 values, 16-byte aligned.
+inline bool plain_norm_weight(const Tensor& w, int64_t d) {
+  return plain_weight(w) && (w.empty() || (w.numel() == d && aligned16(w.data)));
+}
 
 // V elements from p, as vector accesses when `vec` (p 16-byte aligned), else one by one.
 template <class T, int V>

@@ -181,10 +181,6 @@ int max_clusters(int threads) {
   return n;
 }
 
-bool plain_norm_weight(const Tensor& w, int64_t d) {
-  return plain_weight(w) && (w.empty() || (w.numel() == d && aligned16(w.data)));
-}
-
 }  // namespace
 
 void set_fused_per_layer_input(bool on) { fused_flag().store(on, std::memory_order_relaxed); }
