@@ -71,6 +71,13 @@ class Backend : public Allocator {
   // without a profiler return an empty report.
   virtual void set_profiling(bool /*on*/) {}
   virtual std::string profile_report(int /*forwards*/) { return {}; }
+  // Kernel timelines of graph replays (`tandem bench --trace`, kernel_timeline.h): start_kernel_trace() records the
+  // device start and end of every kernel from then on; stop_kernel_trace() ends the trace and returns its report
+  // headed by `title`. kUnsupported on backends (or builds) without a tracer.
+  virtual Status start_kernel_trace() { return unsupported(std::string(name()) + ": no kernel tracer"); }
+  virtual Result<std::string> stop_kernel_trace(const std::string& /*title*/) {
+    return unsupported(std::string(name()) + ": no kernel tracer");
+  }
 
   // Ops (ops.h).
   virtual void embedding(const EmbeddingArgs& a) = 0;

@@ -1,14 +1,15 @@
 // `tandem bench`: decode, verify, draft and speculative-round times of a checkpoint or of a released
 // architecture with random weights built in memory, each next to the memory-bandwidth floor measured in the same
 // run (weight bytes read per token / measured bandwidth). Appends its table to a results file on request.
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <random>
-
-#include <omp.h>
 
 #include "cli_common.h"
 #include "commands.h"
@@ -24,7 +25,7 @@ using Clock = std::chrono::steady_clock;
 struct BenchOptions {
   std::string model, draft, arch, device = "cpu", results, write_checkpoint;
   int threads = 0, iters = 20, context = 128, max_k = 6;
-  bool json = false, no_draft = false, profile = false;
+  bool json = false, no_draft = false, profile = false, trace = false;
 };
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -74,6 +75,41 @@ struct Row {
   double ms = 0, ratio = 0;
   std::string ratio_to;
 };
+
+// --trace: kernel timelines (backend/kernel_timeline.h) of the decode graph and of a verify graph of up to 5 tokens,
+// each captured anew while the trace runs, then replayed (the report leaves out the first replay). Forwards go
+// through `fwd`; verify forwards are rolled back.
+Status trace_graphs(const BenchOptions& o, Gemma4Model& target, Backend& be, bool graphs,
+                    const std::function<Status(const std::vector<int32_t>&, int)>& fwd,
+                    const std::function<std::vector<int32_t>(int)>& tokens, KvCache& cache, std::string* out) {
+  if (!graphs) {
+    *out += "\nkernel trace: needs a backend with CUDA graphs\n";
+    return ok_status();
+  }
+  constexpr int kForwards = 10;  // an eager one, the capture with the first replay, then replays
+  for (const int T : {1, std::min(5, o.max_k + 1)}) {
+    const std::string title = T == 1 ? std::string("kernel timeline, decode 1 token (graphs, traced)")
+                                     : strfmt("kernel timeline, verify %d tokens (graphs, traced)", T);
+    target.set_graphs(false);  // drops the graphs: the next forwards capture again, inside the trace
+    target.set_graphs(true);
+    const Status st = be.start_kernel_trace();
+    if (!st.ok()) {
+      *out += "\nkernel trace: " + st.to_string() + "\n";
+      return ok_status();
+    }
+    Status f;
+    for (int i = 0; i < kForwards && f.ok(); ++i) {
+      const int64_t len = cache.length();
+      f = fwd(tokens(T), T);
+      if (f.ok() && T > 1) f = cache.truncate(len);
+    }
+    Result<std::string> report = be.stop_kernel_trace(title);
+    TANDEM_TRY(f);
+    TANDEM_TRY(report.status());
+    *out += "\n" + *report;
+  }
+  return ok_status();
+}
 
 Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* header, std::string* machine,
                  std::string* profile) {
@@ -132,7 +168,7 @@ Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* hea
     for (int32_t& t : v) t = static_cast<int32_t>(3 + rng() % static_cast<unsigned>(V - 3));
     return v;
   };
-  TANDEM_ASSIGN_OR_RETURN(KvCache cache, target->new_cache({.max_positions = o.context + o.iters * (o.max_k + 3) + 64,
+  TANDEM_ASSIGN_OR_RETURN(KvCache cache, target->new_cache({.max_positions = o.context + o.iters * (o.max_k + 3) + 80,
                                                             .max_tokens_per_forward = 256}));
   ForwardOutputs out;
   auto fwd = [&](const std::vector<int32_t>& toks, int n_out) -> Status {
@@ -194,6 +230,7 @@ Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* hea
     *profile += strfmt("\nper-op device time, verify %d tokens (eager, graphs off):\n", T) + be->profile_report(kRuns);
     target->set_graphs(was);
   }
+  if (o.trace) TANDEM_TRY(trace_graphs(o, *target, *be, graphs, fwd, random_tokens, cache, profile));
   // Verify passes of T tokens, rolled back each time.
   std::vector<double> verify_ms(static_cast<size_t>(o.max_k) + 2, 0);
   for (int T = 2; T <= o.max_k + 1; ++T) {
@@ -322,6 +359,9 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_flag("--profile", o->profile, "Also print per-op device times of eager decode and verify forwards (CUDA)");
+  cmd->add_flag("--trace", o->trace,
+                "Also print kernel timelines of decode and verify graph replays: idle time between kernels, overlap, "
+                "per-kernel times (CUDA with CUPTI)");
   cmd->add_option("--results", o->results, "Append the table to this markdown file (e.g. bench/RESULTS.md)");
   cmd->add_option("--write-checkpoint", o->write_checkpoint,
                   "With --arch: write the random target to this directory (the assistant to DIR/assistant unless "

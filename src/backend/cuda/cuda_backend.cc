@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernel_trace.h"
 #include "backend/cuda/kernels.h"
 #include "core/log.h"
 #include "core/strings.h"
@@ -339,6 +340,18 @@ std::string CudaBackend::profile_report(int forwards) {
   std::string r = prof_.report(forwards);
   prof_.set_enabled(false);
   return r;
+}
+
+Status CudaBackend::start_kernel_trace() {
+  TANDEM_TRY(synchronize(current_));  // earlier work stays out of the trace
+  return kernel_trace_begin();
+}
+
+Result<std::string> CudaBackend::stop_kernel_trace(const std::string& title) {
+  const Status done = synchronize(current_);  // every traced kernel has ended before the flush
+  TANDEM_ASSIGN_OR_RETURN(std::vector<KernelSpan> spans, kernel_trace_end());
+  TANDEM_TRY(done);
+  return timeline_report(spans, title);
 }
 
 void CudaBackend::release_graph(GraphId graph) {

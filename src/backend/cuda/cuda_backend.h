@@ -55,6 +55,8 @@ class CudaBackend final : public Backend {
   void release_graph(GraphId graph) override;
   void set_profiling(bool on) override;
   std::string profile_report(int forwards) override;
+  Status start_kernel_trace() override;
+  Result<std::string> stop_kernel_trace(const std::string& title) override;
 
   void embedding(const EmbeddingArgs& a) override;
   void linear(const LinearArgs& a) override;
