@@ -36,8 +36,11 @@ std::string short_kernel_name(const std::string& name, size_t max_len = 64);
 // A report of every graph in `spans` with at least two replays: kernels per replay, median wall / busy / idle /
 // kernel sum / overlap; then, for the graph of the most replays (ties: the shortest), per kernel name: launches per
 // replay, median duration, median lead (its start minus the latest end of the replay's kernels that started before
-// it: positive is idle time before it, negative is overlap) and total time per replay, by total. The first replay of
-// a graph with three or more is left out (it uploads the graph). `title` heads the report.
+// it: positive is idle time before it, negative is overlap), the time it adds to the replay (its end minus that
+// latest end, where later: the critical-path share, which sums to the wall time over all kernels) and its total
+// duration, by time added. Under programmatic dependent launch a kernel starts before the one it waits for ends, so
+// its duration includes that wait and the time added is the better measure. The first replay of a graph with three
+// or more is left out (it uploads the graph). `title` heads the report.
 std::string timeline_report(std::span<const KernelSpan> spans, const std::string& title);
 
 }  // namespace tandem
