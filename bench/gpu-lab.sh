@@ -3,7 +3,7 @@
 #   1. scripts/device/gpu-check.sh: Release build for sm_90a, every test through ctest (CPU and CUDA), cuda_bench;
 #   2. the CUDA model tests' measured lines ([bf16 ...], [graphs] ...);
 #   3. the demo pair on the GPU (`tandem generate --device cuda --compare`);
-#   4. `tandem bench --device cuda --arch A --profile` for each released architecture (random bf16 weights in GPU
+#   4. `tandem bench --device cuda --arch A --profile --trace` for each released architecture (random bf16 weights in GPU
 #      memory; the per-op profiles stay in the logs), long-prompt prefill (GPU_LAB_PREFILL), one from a checkpoint
 #      directory in the page cache, and A/B benches with a switch flipped (GPU_LAB_AB).
 # Writes logs and RESULTS-gpu.md (the bench tables, to be appended to bench/RESULTS.md) under $OUT, snapshotting
@@ -49,7 +49,7 @@ run_step demo 20 demo_cuda.txt $B/tandem generate --device cuda --model models/d
   --repeat 5 --ignore-eos
 for arch in ${GPU_LAB_ARCHS:-gemma4-e2b gemma4-e4b gemma4-26b-a4b gemma4-31b}; do
   run_step "bench $arch" 60 "bench_$arch.txt" $B/tandem bench --device cuda --arch "$arch" --iters 10 --max-k 8 \
-    --profile --results "$work/logs/RESULTS-gpu.md"
+    --profile --trace --results "$work/logs/RESULTS-gpu.md"
 done
 # Long prompts: GPU_LAB_PREFILL lists "arch:tokens" entries (default: 26B-A4B at 2048 tokens, whose MoE prefill
 # runs on the tensor cores), benched with that --context, no drafter and one verify size (the prefill row counts).
