@@ -138,10 +138,9 @@ std::string timeline_report(std::span<const KernelSpan> spans, const std::string
   };
   std::map<std::string, PerName> names;
   const auto use = steady(best.reps);
-  for (const auto& rp : use) {
-    const std::vector<KernelSpan> v = by_start(rp);
-    uint64_t latest_end = v.front().start_ns;
-    for (const KernelSpan& k : v) {
+  for (const auto& rp : use) {  // each in start order (split_replays)
+    uint64_t latest_end = rp.front().start_ns;
+    for (const KernelSpan& k : rp) {
       PerName& p = names[short_kernel_name(k.name)];
       p.dur.push_back(static_cast<double>(k.end_ns - k.start_ns) / 1e3);
       p.lead.push_back((static_cast<double>(k.start_ns) - static_cast<double>(latest_end)) / 1e3);

@@ -25,8 +25,8 @@ struct ReplayStats {
   int kernels = 0;
 };
 
-// The replays of one graph's spans: the k-th time a node appears (in start order) belongs to replay k. Replays that
-// lack some node of the first replay (cut off by the end of tracing) are dropped.
+// The replays of one graph's spans, each in start order: the k-th time a node appears (in start order) belongs to
+// replay k. Replays that lack some node of the first replay (cut off by the end of tracing) are dropped.
 std::vector<std::vector<KernelSpan>> split_replays(std::span<const KernelSpan> spans_of_one_graph);
 ReplayStats replay_stats(std::span<const KernelSpan> replay);
 

@@ -1,8 +1,6 @@
 // `tandem bench`: decode, verify, draft and speculative-round times of a checkpoint or of a released
 // architecture with random weights built in memory, each next to the memory-bandwidth floor measured in the same
 // run (weight bytes read per token / measured bandwidth). Appends its table to a results file on request.
-#include <omp.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -10,6 +8,8 @@
 #include <fstream>
 #include <functional>
 #include <random>
+
+#include <omp.h>
 
 #include "cli_common.h"
 #include "commands.h"
@@ -168,6 +168,7 @@ Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* hea
     for (int32_t& t : v) t = static_cast<int32_t>(3 + rng() % static_cast<unsigned>(V - 3));
     return v;
   };
+  // Room for every committed token below: prefill, decodes (timed, profiled, traced) and the rounds' fresh tokens.
   TANDEM_ASSIGN_OR_RETURN(KvCache cache, target->new_cache({.max_positions = o.context + o.iters * (o.max_k + 3) + 80,
                                                             .max_tokens_per_forward = 256}));
   ForwardOutputs out;
