@@ -278,6 +278,73 @@ TEST_F(CudaFusedNorm, SeqEqualsNormsInOrderBitwise) {
   EXPECT_TRUE(be().last_error().ok()) << be().last_error().to_string();
 }
 
+TEST_F(CudaFusedNorm, RegisterPathEqualsPlainKernelsBitwise) {
+  // The register path (norm_regs.cu, on by default for bf16) against the plain kernels (TANDEM_NORM_REGS=0): one
+  // norm with residual and scale, rms_norm_then, rms_norm_seq as a MoE layer runs it on both sides of its experts, and
+  // a sequence whose third stage reads the first stage's out and the second's as its residual. Widths of the models
+  // (1536, 2816, 5376), one with idle threads (1544), one past the path (6144: the plain kernel either way); bf16,
+  // f32 and no weight.
+  struct Restore {
+    ~Restore() { cuda::set_norm_regs(true); }
+  } restore;
+  uint32_t seed = 2600;
+  for (int64_t rows : {1, 5}) {
+    for (int64_t dim : {1536, 1544, 2816, 5376, 6144}) {
+      SCOPED_TRACE(strfmt("rows %lld dim %lld", static_cast<long long>(rows), static_cast<long long>(dim)));
+      DeviceTensor o(be(), kBF16, {rows, dim}), x0(be(), kBF16, {rows, dim}), f0(be(), kBF16, {rows, dim}),
+          f2(be(), kBF16, {rows, dim});
+      DeviceTensor w1(be(), kBF16, {dim}), w2(be(), kF32, {dim}), w3(be(), kBF16, {dim});
+      for (DeviceTensor* t : {&o, &x0, &f0, &f2}) fill_random(t->host(), seed++);
+      std::mt19937 rng(seed++);
+      for (DeviceTensor* w : {&w1, &w2, &w3}) w->host().fill_uniform(rng, 0.5f, 1.5f);
+      for (DeviceTensor* t : {&o, &x0, &f0, &f2, &w1, &w2, &w3}) t->upload();
+      auto run = [&](bool regs) {
+        cuda::set_norm_regs(regs);
+        std::vector<DeviceTensor> t;
+        t.reserve(9);
+        for (int k = 0; k < 9; ++k) t.emplace_back(be(), kBF16, std::initializer_list<int64_t>{rows, dim});
+        DeviceTensor &x = t[0], &f = t[1], &xn = t[2], &z = t[3], &y = t[4], &one = t[5], &a = t[6], &b = t[7],
+                     &c = t[8];
+        x.host().copy_from(x0.host());
+        f.host().copy_from(f0.host());
+        x.upload();
+        f.upload();
+        for (DeviceTensor* p : {&xn, &z, &y, &one, &a, &b, &c}) p->poison();
+        be().rms_norm({.out = one, .x = o, .weight = w2, .residual = x, .out_scale = 0.37f});
+        be().rms_norm_then({.out = x, .x = o, .weight = w1, .residual = x, .out_scale = 0.71f},
+                           {.out = xn, .x = x, .weight = w3});
+        const RmsNormArgs into_ffn[] = {{.out = x, .x = o, .weight = w1, .residual = x},
+                                        {.out = xn, .x = x, .weight = w3},
+                                        {.out = z, .x = x, .weight = w2, .out_scale = 0.0188f},
+                                        {.out = y, .x = x, .weight = Tensor{}}};
+        EXPECT_TRUE(cuda::rms_norm_seq_fusable(into_ffn));
+        be().rms_norm_seq(into_ffn);
+        const RmsNormArgs out_of_ffn[] = {{.out = f, .x = f, .weight = w3},
+                                          {.out = f, .x = f2, .weight = w2, .residual = f},
+                                          {.out = x, .x = f, .weight = w1, .residual = x, .out_scale = 0.71f},
+                                          {.out = xn, .x = x, .weight = w3}};
+        be().rms_norm_seq(out_of_ffn);
+        const RmsNormArgs skip[] = {{.out = a, .x = o, .weight = w1},
+                                    {.out = b, .x = f2, .weight = w3},
+                                    {.out = c, .x = a, .weight = w2, .residual = b}};
+        EXPECT_TRUE(cuda::rms_norm_seq_fusable(skip));
+        be().rms_norm_seq(skip);
+        std::vector<HostTensor> got;
+        for (DeviceTensor& d : t) {
+          d.download();
+          got.emplace_back(kBF16, std::initializer_list<int64_t>{rows, dim});
+          got.back().copy_from(d.host());
+        }
+        return got;
+      };
+      const std::vector<HostTensor> plain = run(false), regs = run(true);
+      const char* names[] = {"x", "f", "xn", "z", "y", "one norm", "skip a", "skip b", "skip c"};
+      for (size_t k = 0; k < plain.size(); ++k) EXPECT_TRUE(same_bits(regs[k], plain[k])) << names[k];
+    }
+  }
+  EXPECT_TRUE(be().last_error().ok()) << be().last_error().to_string();
+}
+
 // Inverse-frequency tables as the model builds them (RopeTables uploads RopeSpec::inv_freq): sliding layers use
 // the default RoPE over 256 dims, full layers proportional RoPE over 512 with a quarter of the pairs rotated.
 HostTensor inv_freq_of(const RopeSpec& spec, int head_dim) {

@@ -116,6 +116,7 @@ Status CudaBackend::init() {
   set_moe_staged(!switched_off("TANDEM_MOE_STAGED"));
   concurrent_streams_ = !switched_off("TANDEM_BRANCHES");
   set_fused_per_layer_input(!switched_off("TANDEM_FUSED_PLE"));
+  set_norm_regs(!switched_off("TANDEM_NORM_REGS"));
   if (const char* mlp = std::getenv("TANDEM_FUSED_MLP")) set_fused_attn_out_mlp(std::string_view(mlp) == "1");
   if (const char* fit = std::getenv("TANDEM_GEMV_FIT")) {
     if (std::string_view(fit) == "0" || std::string_view(fit) == "1" || std::string_view(fit) == "2") {

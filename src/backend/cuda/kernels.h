@@ -27,6 +27,9 @@ Status launch_rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next, cudaS
 // data pointer and dtype): each thread then reads and writes the same elements in every stage.
 bool rms_norm_seq_fusable(std::span<const RmsNormArgs> stages);
 Status launch_rms_norm_seq(std::span<const RmsNormArgs> stages, cudaStream_t stream);
+// Whether bf16 rms_norm, rms_norm_then and rms_norm_seq take the register path where it applies (norm_regs.cu; on
+// unless TANDEM_NORM_REGS=0): the same bits in fewer memory round trips.
+void set_norm_regs(bool on);
 // kv_norm_write in one launch, bit-identical to rms_norm (+RoPE), rms_norm, kv_write, when k/v are contiguous
 // bf16 or f32 like the cache and both norms read with the same vector width.
 bool kv_norm_write_fusable(const KvNormWriteArgs& a);

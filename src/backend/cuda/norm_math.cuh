@@ -1,14 +1,16 @@
-// The element math of RMSNorm on the GPU (spec §1.2), shared by the norm kernels (norm_rope.cu) and the kernels
+// The element math of RMSNorm on the GPU (spec §1.2), shared by the norm kernels (norm_rope.cu, norm_regs.cu) and the kernels
 // that run a norm inside a larger step (per_layer_input.cu): vector loads and stores of V = 1 or 8 elements, the
 // norm weight, and the arithmetic of one thread's elements, so that every kernel computing a norm rounds and adds
 // exactly as rms_norm does. Included only by .cu files.
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
 
 #include <cstdint>
 
 #include "backend/cuda/device_utils.cuh"
+#include "core/status.h"
 #include "tensor/dtype.h"
 #include "tensor/tensor.h"
 
@@ -139,5 +141,42 @@ __device__ __forceinline__ void norm_out(float (&v)[V], float inv, const float (
     for (int j = 0; j < V; ++j) v[j] = round_as<TO>(v[j]) * out_scale;
   }
 }
+
+// The fused epilogue of rms_norm (ops.h): out = (residual + y) * out_scale, each stage rounded to out's dtype.
+struct NormEpilogue {
+  const void* residual = nullptr;  // out's dtype and shape, or nullptr
+  float out_scale = 1.f;
+  bool vec_io = false;  // out, residual and weight are 16-byte aligned: pass 2 may use vector loads and stores
+  // rms_norm_then: next_out = rms_norm(out) * next_w (out's dtype), or nullptr. The launcher takes it only when
+  // out has x's norm geometry, so the second reduction adds the same values in the same order as a separate
+  // rms_norm launch on out would.
+  void* next_out = nullptr;
+  NormWeight next_w;
+  float next_eps = 0.f;
+};
+
+// One norm of rms_norm_seq (its stages are applied in order).
+struct NormJob {
+  void* out = nullptr;
+  const void* x = nullptr;
+  NormWeight w;
+  NormEpilogue e;
+  float eps = 0.f;
+  // The register path (norm_regs.cu): the earlier stage whose out this stage's x / residual is, or -1 (read from
+  // memory).
+  int x_src = -1, res_src = -1;
+};
+constexpr int kMaxNormJobs = 4;
+struct NormJobs {
+  NormJob j[kMaxNormJobs];
+};
+
+// The register path of rms_norm, rms_norm_then and rms_norm_seq (norm_regs.cu), for bf16 x and out read as 8-element
+// vectors, every pointer 16-byte aligned (vec_io), and a block of at most kNormRegThreads threads: each thread owns
+// one 8-element chunk of its row, as rms_norm_row does when one pass covers the row, so the bits are the same.
+constexpr int kNormRegThreads = 672;  // rows of up to 5376 values (31B's width) without register spills
+bool norm_regs_enabled();
+// Stages [0, n) of `jobs` over `rows` rows of `dim`, one block of `threads` per row; x_src / res_src must be set.
+Status launch_norm_regs(const NormJobs& jobs, int n, int64_t rows, int threads, int64_t dim, cudaStream_t stream);
 
 }  // namespace tandem::cuda

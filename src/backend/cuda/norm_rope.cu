@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <span>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
@@ -20,19 +21,6 @@ namespace tandem::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
-
-// The fused epilogue of rms_norm (ops.h): out = (residual + y) * out_scale, each stage rounded to out's dtype.
-struct NormEpilogue {
-  const void* residual = nullptr;  // out's dtype and shape, or nullptr
-  float out_scale = 1.f;
-  bool vec_io = false;  // out, residual and weight are 16-byte aligned: pass 2 may use vector loads and stores
-  // rms_norm_then: next_out = rms_norm(out) * next_w (out's dtype), or nullptr. The launcher takes it only when
-  // out has x's norm geometry, so the second reduction adds the same values in the same order as a separate
-  // rms_norm launch on out would.
-  void* next_out = nullptr;
-  NormWeight next_w;
-  float next_eps = 0.f;
-};
 
 // (mean(x^2) + eps)^-0.5 of row xr, reduced over the block. Threads [0, n_active) read the row with stride
 // n_active * V; the others (RoPE variant) add zeros, which changes no bit of the sum. So the result depends only on
@@ -95,19 +83,6 @@ __global__ void rms_norm_kernel(TO* out, const TX* x, NormWeight w, NormEpilogue
   rms_norm_row<TX, TO, V>(out, x, w, e, dim, eps, blockIdx.x);
 }
 
-// One norm of rms_norm_seq (its stages are applied in order).
-struct NormJob {
-  void* out = nullptr;
-  const void* x = nullptr;
-  NormWeight w;
-  NormEpilogue e;
-  float eps = 0.f;
-};
-constexpr int kMaxNormJobs = 4;
-struct NormJobs {
-  NormJob j[kMaxNormJobs];
-};
-
 // rms_norm_seq: the stages one after the other, block blockIdx.x taking row blockIdx.x of every stage. Every stage
 // has the same geometry, so each thread reads and writes the same elements of a row in each one (row_inv_rms and
 // both passes of rms_norm_row), and a stage reading an earlier one's out sees this thread's own stores: no barrier
@@ -159,11 +134,44 @@ NormJob norm_job(const RmsNormArgs& a, const NormGeometry& g, const RmsNormArgs*
   return j;
 }
 
+// Each stage's x_src / res_src: the latest earlier stage whose out it is (the launchers admit no other overlap).
+void set_sources(NormJobs& k, int n) {
+  for (int s = 0; s < n; ++s) {
+    NormJob& j = k.j[s];
+    j.x_src = j.res_src = -1;
+    for (int p = 0; p < s; ++p) {
+      if (k.j[p].out == j.x) j.x_src = p;
+      if (j.e.residual != nullptr && k.j[p].out == j.e.residual) j.res_src = p;
+    }
+  }
+}
+
+// Whether stages [0, n) with geometry g run on the register path (norm_regs.cu): bf16 in and out, 8-element
+// vectors everywhere, one pass of a block it takes.
+template <class TX, class TO>
+bool regs_path(const NormJobs& k, int n, const NormGeometry& g) {
+  if constexpr (!std::is_same_v<TX, bf16> || !std::is_same_v<TO, bf16>) {
+    return false;
+  } else {
+    if (!norm_regs_enabled() || g.v != 8 || g.threads > kNormRegThreads) return false;
+    for (int s = 0; s < n; ++s)
+      if (!k.j[s].e.vec_io || k.j[s].e.next_out != nullptr) return false;
+    return true;
+  }
+}
+
 template <class TX, class TO>
 Status rms_norm_typed(const RmsNormArgs& a, cudaStream_t stream, const RmsNormArgs* next = nullptr) {
   const int64_t dim = a.x.dim(-1), rows = a.x.rows();
   if (rows == 0 || dim == 0) return ok_status();
   const NormGeometry g = norm_geometry(a.x);
+  // The register path runs rms_norm_then as two stages, the second reading the first's out.
+  NormJobs regs;
+  regs.j[0] = norm_job(a, g, nullptr);
+  if (next != nullptr) regs.j[1] = norm_job(*next, g, nullptr);
+  const int n_regs = next != nullptr ? 2 : 1;
+  set_sources(regs, n_regs);
+  if (regs_path<TX, TO>(regs, n_regs, g)) return launch_norm_regs(regs, n_regs, rows, g.threads, dim, stream);
   const NormJob j = norm_job(a, g, next);
   auto* out = static_cast<TO*>(j.out);
   const auto* x = static_cast<const TX*>(j.x);
@@ -186,6 +194,8 @@ Status rms_norm_seq_typed(std::span<const RmsNormArgs> stages, cudaStream_t stre
   NormJobs k;
   for (size_t i = 0; i < stages.size(); ++i) k.j[i] = norm_job(stages[i], g, nullptr);
   const int n = static_cast<int>(stages.size());
+  set_sources(k, n);
+  if (regs_path<TX, TO>(k, n, g)) return launch_norm_regs(k, n, rows, g.threads, dim, stream);
   const auto grid = static_cast<unsigned>(rows);
   if (g.v == 8) {
     launch_kernel(rms_norm_seq_kernel<TX, TO, 8>, grid, g.threads, 0, stream, k, n, dim);
