@@ -12,10 +12,10 @@
 //    [b d / 16, (b + 1) d / 16), a warp per row with one 16-byte chunk per lane, as the GEMV does for K = 256;
 //  - block 0 gathers the projection and runs the residual norm (with layer_scalar) and the next input norm.
 // The GEMV's sums do not depend on its row count, so each token's bits are the composite's at any token count.
-// Each block requests its weights (96 KB at E2B's width, 160 KB at E4B's) into registers before the wait for the
-// kernel before, so their fetch overlaps that kernel; a verify pass's clusters read the same weights, from L2 after
-// the first. Shapes it does not take (other widths, more than 9 tokens, GEMV geometries of another TANDEM_GEMV_FIT
-// mode) run the composite.
+// Each block requests its weights (96 KB at E2B's width, 160 KB at E4B's) and the norm weights into registers
+// before the wait for the kernel before, so their fetch overlaps that kernel; a verify pass's clusters read the same
+// weights, from L2 after the first. Shapes it does not take (other widths, more than 9 tokens, GEMV geometries of
+// another TANDEM_GEMV_FIT mode) run the composite.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
@@ -75,17 +75,32 @@ __global__ void __launch_bounds__(kMaxThreads, 1) per_layer_input_kernel(PliPara
 #pragma unroll
   for (int r = 0; r < kProjRows; ++r)
     wp[r] = load_w(reinterpret_cast<const uint4*>(p.proj) + (proj_row0 + r) * (kPle / 8) + lane);
+  // The norm weights too, so no step waits for a weight after its reduction: the first norm's into registers, block
+  // 0's last two (registers are short) into shared memory.
+  float w_ffn[8];
+  load_weight<8>(p.w_ffn, 8 * t, w_ffn, true);
+  __shared__ __align__(16) float w_tail[2][kMaxThreads * 8];
+  if (rank == 0) {
+    float w[8];
+    load_weight<8>(p.w_post, 8 * t, w, true);
+    store_vec<float, 8>(&w_tail[0][8 * t], w);
+    if (p.next_out != nullptr) {
+      load_weight<8>(p.w_next, 8 * t, w, true);
+      store_vec<float, 8>(&w_tail[1][8 * t], w);
+    }
+  }
   pdl_enter();
+  // This block's per-layer inputs (an earlier kernel's output), requested now rather than after the gate products.
+  const float ple_in = t < kGateRows ? to_f32(p.ple[tok * p.ple_stride + rank * kGateRows + t]) : 0.f;
 
   // 1. x1 = x + norm(f) * w_ffn (rms_norm with a residual), this thread's 8 elements, rounded as stored.
   float x1[8];
   {
-    float fv[8], wv[8], rv[8];
+    float fv[8], rv[8];
     load_vec<bf16, 8>(p.f + row + 8 * t, fv);
-    const float inv = inv_rms_of(block_sum(add_squares<8>(fv, 0.f)), d, p.eps);
-    load_weight<8>(p.w_ffn, 8 * t, wv, true);
     load_vec<bf16, 8>(p.x + row + 8 * t, rv);
-    norm_out<bf16, 8>(fv, inv, wv, rv, 1.f);
+    const float inv = inv_rms_of(block_sum(add_squares<8>(fv, 0.f)), d, p.eps);
+    norm_out<bf16, 8>(fv, inv, w_ffn, rv, 1.f);
 #pragma unroll
     for (int j = 0; j < 8; ++j) x1[j] = round_as<bf16>(fv[j]);
   }
@@ -109,7 +124,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) per_layer_input_kernel(PliPara
     float s = 0.f;
     for (int j = 0; j < n_warps; ++j) s += partial[j][t];
     const float g = round_as<bf16>(s);
-    pg[t] = from_f32<bf16>(round_as<bf16>(gelu_tanh(g)) * to_f32(p.ple[tok * p.ple_stride + rank * kGateRows + t]));
+    pg[t] = from_f32<bf16>(round_as<bf16>(gelu_tanh(g)) * ple_in);
   }
   cluster.sync();
 
@@ -139,9 +154,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1) per_layer_input_kernel(PliPara
   }
   cluster.sync();  // the other blocks' shared memory stays until block 0 has read it
   if (rank != 0) return;
-  float wv[8];
   const float inv = inv_rms_of(block_sum(add_squares<8>(ov, 0.f)), d, p.eps);
-  load_weight<8>(p.w_post, 8 * t, wv, true);
+  float wv[8];
+  load_vec<float, 8>(&w_tail[0][8 * t], wv);
   norm_out<bf16, 8>(ov, inv, wv, x1, p.layer_scalar);
   store_vec<bf16, 8>(p.x + row + 8 * t, ov);
   if (p.next_out == nullptr) return;
@@ -149,7 +164,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) per_layer_input_kernel(PliPara
 #pragma unroll
   for (int j = 0; j < 8; ++j) xv[j] = round_as<bf16>(ov[j]);
   const float inv_next = inv_rms_of(block_sum(add_squares<8>(xv, 0.f)), d, p.eps);
-  load_weight<8>(p.w_next, 8 * t, wv, true);
+  load_vec<float, 8>(&w_tail[1][8 * t], wv);
   norm_out<bf16, 8>(xv, inv_next, wv, nullptr, 1.f);
   store_vec<bf16, 8>(p.next_out + row + 8 * t, xv);
 }
