@@ -251,15 +251,45 @@ __device__ __forceinline__ float weight_at(const NormWeight& w, int64_t i) {
   return static_cast<const float*>(w.data)[i];
 }
 
+// Pair j = threadIdx.x of a norm + RoPE row: its two elements, their weights and the inverse frequency. The
+// constants are requested before the kernel's PDL wait (no kernel writes them) and the elements right after it, so
+// no load waits behind the row's reduction. The launchers give a block at least half a head of threads, so this is
+// every pair; norm_rope_row reads any others in place.
+struct RopePair {
+  float x1 = 0.f, x2 = 0.f, w1 = 1.f, w2 = 1.f, f = 0.f;
+};
+
+__device__ __forceinline__ RopePair rope_pair_consts(const NormWeight& w, const float* inv_freq, int64_t half) {
+  RopePair p;
+  const int64_t j = threadIdx.x;
+  if (j < half) {
+    p.w1 = weight_at(w, j);
+    p.w2 = weight_at(w, j + half);
+    p.f = inv_freq[j];
+  }
+  return p;
+}
+
+template <class T>
+__device__ __forceinline__ void rope_pair_elems(RopePair& p, const T* xr, int64_t half) {
+  const int64_t j = threadIdx.x;
+  if (j < half) {
+    p.x1 = to_f32(xr[j]);
+    p.x2 = to_f32(xr[j + half]);
+  }
+}
+
 // One head row after its reduction: x * inv * w rounded to T, then rope_kernel's rotation of each pair (j, j + half),
-// one pair per thread, into dst (which may be xr: a thread writes only the pair it read).
+// one pair per thread (this thread's own pair from `mine`), into dst (which may be xr: a thread writes only the pair
+// it read).
 template <class T>
 __device__ __forceinline__ void norm_rope_row(T* dst, const T* xr, float inv, const NormWeight& w, float pos,
-                                              const float* inv_freq, int64_t half) {
+                                              const float* inv_freq, int64_t half, const RopePair& mine) {
   for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
-    float x1 = round_as<T>(to_f32(xr[j]) * inv * weight_at(w, j));
-    float x2 = round_as<T>(to_f32(xr[j + half]) * inv * weight_at(w, j + half));
-    const float f = inv_freq[j];
+    const bool own = j == threadIdx.x;
+    float x1 = round_as<T>((own ? mine.x1 : to_f32(xr[j])) * inv * (own ? mine.w1 : weight_at(w, j)));
+    float x2 = round_as<T>((own ? mine.x2 : to_f32(xr[j + half])) * inv * (own ? mine.w2 : weight_at(w, j + half)));
+    const float f = own ? mine.f : inv_freq[j];
     if (f != 0.f) {  // a zero frequency (proportional RoPE) keeps the normed pair as it is
       float s, c;
       sincosf(pos * f, &s, &c);
@@ -277,11 +307,14 @@ __device__ __forceinline__ void norm_rope_row(T* dst, const T* xr, float inv, co
 template <class T, int V>
 __global__ void rms_norm_rope_kernel(T* out, const T* x, NormWeight w, const int32_t* pos, const float* inv_freq,
                                      int64_t n_heads, int64_t head_dim, int n_active, float eps) {
-  pdl_enter();
   const int64_t row = blockIdx.x, half = head_dim / 2;
+  RopePair mine = rope_pair_consts(w, inv_freq, half);
+  pdl_enter();
   const T* xr = x + row * head_dim;
+  rope_pair_elems<T>(mine, xr, half);
+  const float p = static_cast<float>(pos[row / n_heads]);
   const float inv = row_inv_rms<T, V>(xr, head_dim, n_active, eps);
-  norm_rope_row<T>(out + row * head_dim, xr, inv, w, static_cast<float>(pos[row / n_heads]), inv_freq, half);
+  norm_rope_row<T>(out + row * head_dim, xr, inv, w, p, inv_freq, half, mine);
 }
 
 template <class T>
@@ -334,12 +367,16 @@ template <class T, int V>
 __global__ void kv_norm_rope_write_kernel(KvDest d, QRows qr, const T* k_new, const T* v_new, NormWeight kw,
                                           const int32_t* pos, const float* inv_freq, int64_t rows, int64_t n_kv,
                                           int64_t head_dim, int n_k, int n_v, float eps) {
-  pdl_enter();
   const int64_t half = head_dim / 2;
-  if (blockIdx.x < qr.rows) {
+  const bool q_row = blockIdx.x < qr.rows;
+  RopePair mine = rope_pair_consts(q_row ? qr.w : kw, inv_freq, half);
+  pdl_enter();
+  if (q_row) {
     T* xq = static_cast<T*>(qr.q) + static_cast<int64_t>(blockIdx.x) * head_dim;
+    rope_pair_elems<T>(mine, xq, half);
+    const float pq = static_cast<float>(pos[blockIdx.x / qr.n_heads]);
     const float inv = row_inv_rms<T, V>(xq, head_dim, n_k, eps);
-    norm_rope_row<T>(xq, xq, inv, qr.w, static_cast<float>(pos[blockIdx.x / qr.n_heads]), inv_freq, half);
+    norm_rope_row<T>(xq, xq, inv, qr.w, pq, inv_freq, half, mine);
     return;
   }
   const int64_t b = blockIdx.x - qr.rows;
@@ -347,8 +384,9 @@ __global__ void kv_norm_rope_write_kernel(KvDest d, QRows qr, const T* k_new, co
   const int64_t row = is_v ? b - rows : b;
   const int64_t t = row / n_kv, h = row % n_kv;
   const T* xr = (is_v ? v_new : k_new) + row * head_dim;
-  const float inv = row_inv_rms<T, V>(xr, head_dim, is_v ? n_v : n_k, eps);
+  if (!is_v) rope_pair_elems<T>(mine, xr, half);
   const int64_t p = pos[t];
+  const float inv = row_inv_rms<T, V>(xr, head_dim, is_v ? n_v : n_k, eps);
   if (p < 0 || (!d.ring && p >= d.capacity)) return;  // after the block-wide reduction: no barrier follows
   const int64_t slot = d.ring ? p % d.capacity : p;
   if (is_v) {
@@ -357,7 +395,7 @@ __global__ void kv_norm_rope_write_kernel(KvDest d, QRows qr, const T* k_new, co
     return;
   }
   T* dst = static_cast<T*>(d.k) + h * d.k_stride_head + slot * d.k_stride_slot;
-  norm_rope_row<T>(dst, xr, inv, kw, static_cast<float>(p), inv_freq, half);
+  norm_rope_row<T>(dst, xr, inv, kw, static_cast<float>(p), inv_freq, half, mine);
 }
 
 template <class T>
