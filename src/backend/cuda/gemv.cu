@@ -203,10 +203,11 @@ Status launch_rows(GemvSegs segs, const LinearArgs& a, const void* w2, int sm_co
       segs.first_block[i] = blocks;
       blocks += (segs.n_out[i] + R - 1) / R;
     }
-    // Decode products over rows of at most 512 chunks (K <= 4096) request weights before the PDL wait (kEarlyW:
-    // more registers, so not for the long rows, where the ramp matters less than the occupancy).
+    // Decode products over rows of at most 2048 chunks (K <= 16384) request their first pass of weights before the
+    // PDL wait (kEarlyW). Rows of up to 2048 chunks gained over the earlier limit of 512 (bench/RESULTS.md run AR: the
+    // E models' down products, K = 10240 and 12288); longer rows (31B's down) were not measured.
     const int threads = block_threads(n_in / 8);
-    const bool early = T == 1 && weight_prefetch() && !a.w_fresh && n_in / 8 <= 512;
+    const bool early = T == 1 && weight_prefetch() && !a.w_fresh && n_in / 8 <= 2048;
     auto* kernel = early ? gemv_kernel<T, R, TO, M, T == 1> : gemv_kernel<T, R, TO, M, false>;
     launch_kernel(kernel, static_cast<unsigned>(blocks), threads, 0, stream, segs, static_cast<const bf16*>(a.x.data),
                   static_cast<const bf16*>(w2), n_in, a.alpha, a.accumulate, static_cast<const TO*>(up), up_stride);
