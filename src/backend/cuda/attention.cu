@@ -176,23 +176,47 @@ __global__ void __launch_bounds__(kWarps * kWarp) attention_kernel(AttnParams p)
 // Merges the n_splits partial states of row blockIdx.x, head dims [64 blockIdx.y, +64) (same rule as the
 // in-block merge) and writes the output. Warp w takes the splits s = w mod kCombineWarps, lane l dims 2l, 2l + 1
 // of the slice; the warps' sums are added in warp order. A split that saw no key (max -inf, sum 0, acc 0) has
-// weight 0 and is not read, so a launch sized for a long context costs little at a short one, and its result is
-// the one a launch with only the non-empty splits gives, bit for bit.
+// weight 0 and adds nothing (past each warp's first few splits its values are not even read), so a launch sized for
+// a long context costs little at a short one, and its result is the one a launch with only the non-empty splits
+// gives, bit for bit. Every load the first reduction does not decide is issued before it.
 constexpr int kCombineWarps = 8, kCombineDims = 64;
 
 template <class TQ>
 __global__ void __launch_bounds__(kCombineWarps* kWarp)
     attention_combine_kernel(void* out, const float* partial, int n_splits, int64_t hd) {
   pdl_enter();
+  static_assert(kMaxAttnSplits <= kCombineWarps * kWarp, "one split per thread for the maxima");
   __shared__ float s_w[kMaxAttnSplits];
   __shared__ float s_acc[kCombineWarps][kCombineDims];
   __shared__ float s_red[kCombineWarps];
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const int64_t row = blockIdx.x, stride = hd + 2;
   const float* part = partial + row * n_splits * stride;
-  // The largest max, then the weights (n_splits <= kMaxAttnSplits).
-  float m = -INFINITY;
-  for (int s = tid; s < n_splits; s += blockDim.x) m = fmaxf(m, part[s * stride + hd]);
+  const int64_t d0 = static_cast<int64_t>(blockIdx.y) * kCombineDims + 2 * lane;
+  // Every request before the first reduction: split tid's max and sum, and this lane's two values of the warp's
+  // first kEarly splits (used only where their weight is not 0). With an even hd, (max, sum) and the value pairs
+  // are 8-byte aligned pairs (stride and d0 even).
+  constexpr int kEarly = 4;
+  const bool pairs = hd % 2 == 0 && d0 + 1 < hd;
+  float ms = -INFINITY, ls = 0.f;
+  if (tid < n_splits) {
+    if (hd % 2 == 0) {
+      const float2 v = *reinterpret_cast<const float2*>(part + tid * stride + hd);
+      ms = v.x;
+      ls = v.y;
+    } else {
+      ms = part[tid * stride + hd];
+      ls = part[tid * stride + hd + 1];
+    }
+  }
+  float2 early[kEarly];
+#pragma unroll
+  for (int i = 0; i < kEarly; ++i) {
+    const int sp = warp + i * kCombineWarps;
+    early[i] = pairs && sp < n_splits ? *reinterpret_cast<const float2*>(part + sp * stride + d0) : float2{0.f, 0.f};
+  }
+  // The largest max, then the weights.
+  float m = ms;
 #pragma unroll
   for (int off = kWarp / 2; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
   if (lane == 0) s_red[warp] = m;
@@ -200,11 +224,10 @@ __global__ void __launch_bounds__(kCombineWarps* kWarp)
   float mx = s_red[0];
   for (int w = 1; w < kCombineWarps; ++w) mx = fmaxf(mx, s_red[w]);
   float sum = 0.f;  // sum of l_s w_s: per thread, then the warps' shuffle trees, then the warps in order
-  for (int s = tid; s < n_splits; s += blockDim.x) {
-    const float ms = part[s * stride + hd];
+  if (tid < n_splits) {
     const float w = mx == -INFINITY || ms == -INFINITY ? 0.f : expf(ms - mx);
-    s_w[s] = w;
-    if (w != 0.f) sum += part[s * stride + hd + 1] * w;
+    s_w[tid] = w;
+    if (w != 0.f) sum += ls * w;
   }
   sum = warp_sum(sum);
   __syncthreads();  // every warp has read s_red (the maxima)
@@ -212,14 +235,20 @@ __global__ void __launch_bounds__(kCombineWarps* kWarp)
   __syncthreads();
   sum = 0.f;
   for (int w = 0; w < kCombineWarps; ++w) sum += s_red[w];
-  const int64_t d0 = static_cast<int64_t>(blockIdx.y) * kCombineDims + 2 * lane;
   float a0 = 0.f, a1 = 0.f;
-  for (int s = warp; s < n_splits; s += kCombineWarps) {
+  for (int s = warp, i = 0; s < n_splits; s += kCombineWarps, ++i) {
     const float w = s_w[s];
     if (w == 0.f) continue;
     const float* src = part + s * stride + d0;
-    if (hd % 2 == 0 && d0 + 1 < hd) {
-      const float2 v = *reinterpret_cast<const float2*>(src);  // stride and d0 even: 8-byte aligned
+    if (pairs) {
+      float2 v;
+      if (i < kEarly) {
+#pragma unroll
+        for (int j = 0; j < kEarly; ++j)
+          if (j == i) v = early[j];
+      } else {
+        v = *reinterpret_cast<const float2*>(src);
+      }
       a0 += v.x * w;
       a1 += v.y * w;
     } else {
