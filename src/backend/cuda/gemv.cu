@@ -205,7 +205,8 @@ Status launch_rows(GemvSegs segs, const LinearArgs& a, const void* w2, int sm_co
     }
     // Decode products over rows of at most 2048 chunks (K <= 16384) request their first pass of weights before the
     // PDL wait (kEarlyW). Rows of up to 2048 chunks gained over the earlier limit of 512 (bench/RESULTS.md run AR: the
-    // E models' down products, K = 10240 and 12288); longer rows (31B's down) were not measured.
+    // E models' down products, K = 10240 and 12288); 31B's K = 5376 products take it too (not yet timed), its down
+    // product (K = 21504) does not.
     const int threads = block_threads(n_in / 8);
     const bool early = T == 1 && weight_prefetch() && !a.w_fresh && n_in / 8 <= 2048;
     auto* kernel = early ? gemv_kernel<T, R, TO, M, T == 1> : gemv_kernel<T, R, TO, M, false>;
