@@ -12,9 +12,9 @@
 //    [b d / 16, (b + 1) d / 16), a warp per row with one 16-byte chunk per lane, as the GEMV does for K = 256;
 //  - block 0 gathers the projection and runs the residual norm (with layer_scalar) and the next input norm.
 // The GEMV's sums do not depend on its row count, so each token's bits are the composite's at any token count.
-// Each block requests its weights (96 KB at E2B's width, 160 KB at E4B's) and the norm weights into registers
-// before the wait for the kernel before, so their fetch overlaps that kernel; a verify pass's clusters read the same
-// weights, from L2 after the first. Shapes it does not take (other widths, more than 9 tokens, GEMV geometries of
+// Each block requests its weights (96 KB at E2B's width, 160 KB at E4B's) and the first norm's weight into
+// registers, and block 0 the last two norms' weights into shared memory, before the wait for the kernel before, so
+// their fetch overlaps that kernel; a verify pass's clusters read the same weights, from L2 after the first. Shapes it does not take (other widths, more than 9 tokens, GEMV geometries of
 // another TANDEM_GEMV_FIT mode) run the composite.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
