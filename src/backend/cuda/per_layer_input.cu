@@ -8,18 +8,23 @@
 //    x + norm(f) itself (a few KB from L2) with rms_norm's element math (norm_math.cuh);
 //  - block b computes gate rows [16 b, 16 b + 16) as the GEMV does for rows of d / 8 chunks in one pass of d / 8
 //    threads (gemv.cu: one chunk per thread, warp sums, the warps' partial sums in order, then gelu_mul's rounding);
-//  - the 256 gelu_mul outputs are exchanged through distributed shared memory; block b computes projection rows
-//    [b d / 16, (b + 1) d / 16), a warp per row with one 16-byte chunk per lane, as the GEMV does for K = 256;
-//  - block 0 gathers the projection and runs the residual norm (with layer_scalar) and the next input norm.
+//  - block b pushes its 16 gelu_mul outputs into every block's shared memory (distributed shared memory); after the
+//    cluster barrier block b computes projection rows [b d / 16, (b + 1) d / 16), a warp per row with one 16-byte
+//    chunk per lane, as the GEMV does for K = 256, and pushes them into block 0's shared memory;
+//  - after a second barrier, block 0 runs the residual norm (with layer_scalar) and the next input norm.
+// Pushing (remote stores) rather than pulling (remote loads) takes the remote round trips off the chain, and block 0
+// needs no third barrier before it finishes alone.
 // The GEMV's sums do not depend on its row count, so each token's bits are the composite's at any token count.
 // Each block requests its weights (96 KB at E2B's width, 160 KB at E4B's) and the first norm's weight into
 // registers, and block 0 the last two norms' weights into shared memory, before the wait for the kernel before, so
-// their fetch overlaps that kernel; a verify pass's clusters read the same weights, from L2 after the first. Shapes it does not take (other widths, more than 9 tokens, GEMV geometries of
-// another TANDEM_GEMV_FIT mode) run the composite.
+// their fetch overlaps that kernel; a verify pass's clusters read the same weights, from L2 after the first. Shapes
+// it does not take (other widths, more than 9 tokens, GEMV geometries of another TANDEM_GEMV_FIT mode) run the
+// composite.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <atomic>
+#include <utility>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
@@ -39,7 +44,6 @@ constexpr int kPle = 256;                   // the per-layer-input width P this 
 constexpr int kGateRows = kPle / kCluster;  // gate rows per block
 constexpr int kProjRows = 256 / kCluster;   // projection rows per warp: d / 16 rows over d / 256 warps
 constexpr int kMaxThreads = 320;            // d <= 2560: the weights in registers leave room for no more
-constexpr int kMaxProjRowsPerBlock = kMaxThreads / kWarp * kProjRows;
 constexpr int kMaxTokens = 9;  // a verify pass of 8 drafts; the composite's GEMV takes up to 9 rows
 
 struct PliParams {
@@ -56,6 +60,9 @@ struct PliParams {
 
 __global__ void __launch_bounds__(kMaxThreads, 1) per_layer_input_kernel(PliParams p) {
   cg::cluster_group cluster = cg::this_cluster();
+  // No block may touch another's shared memory before that block has started: this arrival, and its wait before the
+  // first push, make sure of it without a full barrier on the chain.
+  auto started = cluster.barrier_arrive();
   const int rank = static_cast<int>(cluster.block_rank());
   const int t = static_cast<int>(threadIdx.x), lane = t % kWarp, warp = t / kWarp;
   const int n_warps = static_cast<int>(blockDim.x) / kWarp;
@@ -105,9 +112,11 @@ __global__ void __launch_bounds__(kMaxThreads, 1) per_layer_input_kernel(PliPara
     for (int j = 0; j < 8; ++j) x1[j] = round_as<bf16>(fv[j]);
   }
 
-  // 2. The gate rows of this block: gelu(round(x1 . g_r)) * ple_r, rounded as linear then gelu_mul round.
+  // 2. The gate rows of this block: gelu(round(x1 . g_r)) * ple_r, rounded as linear then gelu_mul round. Warp 0's
+  //    lanes r < 16 hold row r's output; lane b packs all 16 and pushes them into block b's copy of the gate vector,
+  //    so every block reads the whole vector from its own shared memory after the cluster barrier.
   __shared__ float partial[kMaxThreads / kWarp][kGateRows];
-  __shared__ __align__(16) bf16 pg[kGateRows];
+  __shared__ __align__(16) bf16 pg[kPle];
   {
     uint4 xc;
     bf16* xe = reinterpret_cast<bf16*>(&xc);
@@ -120,40 +129,53 @@ __global__ void __launch_bounds__(kMaxThreads, 1) per_layer_input_kernel(PliPara
     }
   }
   __syncthreads();
-  if (t < kGateRows) {
-    float s = 0.f;
-    for (int j = 0; j < n_warps; ++j) s += partial[j][t];
-    const float g = round_as<bf16>(s);
-    pg[t] = from_f32<bf16>(round_as<bf16>(gelu_tanh(g)) * ple_in);
-  }
-  cluster.sync();
-
-  // 3. The projection rows of this warp: lane l holds the gate outputs [8 l, 8 l + 8), which block l / 2 computed.
-  __shared__ __align__(16) bf16 o[kMaxProjRowsPerBlock];
-  {
-    const bf16* src = cluster.map_shared_rank(pg, lane * 8 / kGateRows) + (lane * 8) % kGateRows;
-    const uint4 pc = *reinterpret_cast<const uint4*>(src);
+  cluster.barrier_wait(std::move(started));
+  if (warp == 0) {
+    uint32_t mine = 0;
+    if (t < kGateRows) {
+      float s = 0.f;
+      for (int j = 0; j < n_warps; ++j) s += partial[j][t];
+      const float g = round_as<bf16>(s);
+      mine = __bfloat16_as_ushort(from_f32<bf16>(round_as<bf16>(gelu_tanh(g)) * ple_in));
+    }
+    uint4 packed[kGateRows / 8];
+    uint32_t* words = reinterpret_cast<uint32_t*>(packed);
 #pragma unroll
-    for (int r = 0; r < kProjRows; ++r) {
-      const float s = warp_sum(dot8_bf16(wp[r], pc, 0.f));
-      if (lane == 0) o[warp * kProjRows + r] = from_f32<bf16>(0.f + s);
+    for (int r = 0; r < kGateRows; r += 2)
+      words[r / 2] = __shfl_sync(0xffffffffu, mine, r) | (__shfl_sync(0xffffffffu, mine, r + 1) << 16);
+    if (lane < kCluster) {
+      uint4* dst = reinterpret_cast<uint4*>(cluster.map_shared_rank(pg, lane) + rank * kGateRows);
+#pragma unroll
+      for (int c = 0; c < kGateRows / 8; ++c) dst[c] = packed[c];
     }
   }
   cluster.sync();
 
-  // 4. Block 0: thread t gathers projection elements [8 t, 8 t + 8) (from block 8 t / (d / 16)), then
-  //    x = (x1 + norm(proj) * w_post) * layer_scalar and the next layer's input norm of x.
-  float ov[8] = {};
-  if (rank == 0) {
-    const int64_t per_block = d / kCluster, e0 = 8 * static_cast<int64_t>(t);
-    const bf16* src = cluster.map_shared_rank(o, static_cast<int>(e0 / per_block)) + e0 % per_block;
-    const uint4 oc = *reinterpret_cast<const uint4*>(src);
-    const bf16* oe = reinterpret_cast<const bf16*>(&oc);
+  // 3. The projection rows of this warp (lane l holds the gate outputs [8 l, 8 l + 8)), pushed into block 0's copy
+  //    of the projection: lane c < 2 packs rows [8 c, 8 c + 8).
+  __shared__ __align__(16) bf16 o[kMaxThreads * 8];
+  {
+    const uint4 pc = *reinterpret_cast<const uint4*>(pg + lane * 8);
+    uint32_t mine = 0;  // lane r < 16: row r, as bf16 bits
 #pragma unroll
-    for (int j = 0; j < 8; ++j) ov[j] = to_f32(oe[j]);
+    for (int r = 0; r < kProjRows; ++r) {
+      const float v = warp_sum(dot8_bf16(wp[r], pc, 0.f));
+      if (lane == r) mine = __bfloat16_as_ushort(from_f32<bf16>(0.f + v));
+    }
+    uint4 oc;
+    uint32_t* words = reinterpret_cast<uint32_t*>(&oc);
+    const int first = 8 * (lane & 1);
+#pragma unroll
+    for (int j = 0; j < 8; j += 2)
+      words[j / 2] = __shfl_sync(0xffffffffu, mine, first + j) | (__shfl_sync(0xffffffffu, mine, first + j + 1) << 16);
+    if (lane < kProjRows / 8) *reinterpret_cast<uint4*>(cluster.map_shared_rank(o, 0) + proj_row0 + first) = oc;
   }
-  cluster.sync();  // the other blocks' shared memory stays until block 0 has read it
+  cluster.sync();  // block 0 has the whole projection; no block reads another's shared memory after this
+
+  // 4. Block 0: x = (x1 + norm(proj) * w_post) * layer_scalar and the next layer's input norm of x.
   if (rank != 0) return;
+  float ov[8];
+  load_vec<bf16, 8>(o + 8 * t, ov);
   const float inv = inv_rms_of(block_sum(add_squares<8>(ov, 0.f)), d, p.eps);
   float wv[8];
   load_vec<float, 8>(&w_tail[0][8 * t], wv);
