@@ -58,6 +58,17 @@ struct PliParams {
   int64_t d, ple_stride;
 };
 
+// Lanes [first, first + 8) of the warp hold one bf16 each (as the low bits of `bits`): all eight, packed in lane
+// order, in every lane.
+__device__ __forceinline__ uint4 pack_lanes8(uint32_t bits, int first) {
+  uint4 packed;
+  uint32_t* words = reinterpret_cast<uint32_t*>(&packed);
+#pragma unroll
+  for (int j = 0; j < 8; j += 2)
+    words[j / 2] = __shfl_sync(0xffffffffu, bits, first + j) | (__shfl_sync(0xffffffffu, bits, first + j + 1) << 16);
+  return packed;
+}
+
 __global__ void __launch_bounds__(kMaxThreads, 1) per_layer_input_kernel(PliParams p) {
   cg::cluster_group cluster = cg::this_cluster();
   // No block may touch another's shared memory before that block has started: this arrival, and its wait before the
@@ -138,15 +149,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1) per_layer_input_kernel(PliPara
       const float g = round_as<bf16>(s);
       mine = __bfloat16_as_ushort(from_f32<bf16>(round_as<bf16>(gelu_tanh(g)) * ple_in));
     }
-    uint4 packed[kGateRows / 8];
-    uint32_t* words = reinterpret_cast<uint32_t*>(packed);
-#pragma unroll
-    for (int r = 0; r < kGateRows; r += 2)
-      words[r / 2] = __shfl_sync(0xffffffffu, mine, r) | (__shfl_sync(0xffffffffu, mine, r + 1) << 16);
+    static_assert(kGateRows == 16, "two packs of 8 gate outputs per block");
+    const uint4 lo = pack_lanes8(mine, 0), hi = pack_lanes8(mine, 8);
     if (lane < kCluster) {
       uint4* dst = reinterpret_cast<uint4*>(cluster.map_shared_rank(pg, lane) + rank * kGateRows);
-#pragma unroll
-      for (int c = 0; c < kGateRows / 8; ++c) dst[c] = packed[c];
+      dst[0] = lo;
+      dst[1] = hi;
     }
   }
   cluster.sync();
@@ -162,12 +170,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1) per_layer_input_kernel(PliPara
       const float v = warp_sum(dot8_bf16(wp[r], pc, 0.f));
       if (lane == r) mine = __bfloat16_as_ushort(from_f32<bf16>(0.f + v));
     }
-    uint4 oc;
-    uint32_t* words = reinterpret_cast<uint32_t*>(&oc);
     const int first = 8 * (lane & 1);
-#pragma unroll
-    for (int j = 0; j < 8; j += 2)
-      words[j / 2] = __shfl_sync(0xffffffffu, mine, first + j) | (__shfl_sync(0xffffffffu, mine, first + j + 1) << 16);
+    const uint4 oc = pack_lanes8(mine, first);
     if (lane < kProjRows / 8) *reinterpret_cast<uint4*>(cluster.map_shared_rank(o, 0) + proj_row0 + first) = oc;
   }
   cluster.sync();  // block 0 has the whole projection; no block reads another's shared memory after this
