@@ -165,6 +165,8 @@ struct LinearGeluMulArgs {
 //   rms_norm({.out = next_out, .x = x, .weight = next_norm, .eps = eps})   (only when next_out is not empty)
 // x, f, proj_out, next_out [n_tokens, d] act; gate [P, d], proj [d, P]; ple, gate_out [n_tokens, P] act (ple's rows
 // may be strided). gate_out and proj_out are scratch: a backend that fuses the block may leave them unwritten.
+// next_gate / next_proj (optional, shaped as gate / proj): the next layer's weights of this block, a hint that a
+// backend may start fetching them; they change nothing that is computed.
 struct PerLayerInputArgs {
   Tensor x, f, post_ffn_norm;
   Tensor gate, ple, proj, post_norm;
@@ -172,6 +174,7 @@ struct PerLayerInputArgs {
   float eps = 1e-6f;
   Tensor gate_out, proj_out;
   Tensor next_out, next_norm;
+  Tensor next_gate, next_proj;
 };
 
 // The middle of a dense layer (spec §1.5, §1.9): the attention output product, the post-attention residual norm with

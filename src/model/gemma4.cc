@@ -542,7 +542,9 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
                               .gate_out = ws.ple_tmp.view(act, {rows, P}),
                               .proj_out = o,
                               .next_out = has_next ? xn : Tensor(),
-                              .next_norm = has_next ? w_.layers[static_cast<size_t>(i) + 1].input_norm : Tensor()});
+                              .next_norm = has_next ? w_.layers[static_cast<size_t>(i) + 1].input_norm : Tensor(),
+                              .next_gate = has_next ? w_.layers[static_cast<size_t>(i) + 1].ple.gate : Tensor(),
+                              .next_proj = has_next ? w_.layers[static_cast<size_t>(i) + 1].ple.proj : Tensor()});
   }
   return ok_status();
 }

@@ -283,9 +283,13 @@ TEST_F(CudaFusedNorm, RegisterPathEqualsPlainKernelsBitwise) {
   // norm with residual and scale, rms_norm_then, rms_norm_seq as a MoE layer runs it on both sides of its experts, and
   // a sequence whose third stage reads the first stage's out and the second's as its residual. Widths of the models
   // (1536, 2816, 5376), one with idle threads (1544), one past the path (6144: the plain kernel either way); bf16,
-  // f32 and no weight.
+  // f32 and no weight. The plain kernels read their weights with plain loads, the register path with L2's
+  // evict_last hint (TANDEM_L2_KEEP, on by default), and the plain kernels once more with the hint: the same bits.
   struct Restore {
-    ~Restore() { cuda::set_norm_regs(true); }
+    ~Restore() {
+      cuda::set_norm_regs(true);
+      cuda::set_keep_norm_weights(true);
+    }
   } restore;
   uint32_t seed = 2600;
   for (int64_t rows : {1, 5}) {
@@ -298,8 +302,9 @@ TEST_F(CudaFusedNorm, RegisterPathEqualsPlainKernelsBitwise) {
       std::mt19937 rng(seed++);
       for (DeviceTensor* w : {&w1, &w2, &w3}) w->host().fill_uniform(rng, 0.5f, 1.5f);
       for (DeviceTensor* t : {&o, &x0, &f0, &f2, &w1, &w2, &w3}) t->upload();
-      auto run = [&](bool regs) {
+      auto run = [&](bool regs, bool keep) {
         cuda::set_norm_regs(regs);
+        cuda::set_keep_norm_weights(keep);
         std::vector<DeviceTensor> t;
         t.reserve(9);
         for (int k = 0; k < 9; ++k) t.emplace_back(be(), kBF16, std::initializer_list<int64_t>{rows, dim});
@@ -337,9 +342,12 @@ TEST_F(CudaFusedNorm, RegisterPathEqualsPlainKernelsBitwise) {
         }
         return got;
       };
-      const std::vector<HostTensor> plain = run(false), regs = run(true);
+      const std::vector<HostTensor> plain = run(false, false), regs = run(true, true), kept = run(false, true);
       const char* names[] = {"x", "f", "xn", "z", "y", "one norm", "skip a", "skip b", "skip c"};
-      for (size_t k = 0; k < plain.size(); ++k) EXPECT_TRUE(same_bits(regs[k], plain[k])) << names[k];
+      for (size_t k = 0; k < plain.size(); ++k) {
+        EXPECT_TRUE(same_bits(regs[k], plain[k])) << names[k];
+        EXPECT_TRUE(same_bits(kept[k], plain[k])) << names[k] << ", plain kernels with the L2 hint";
+      }
     }
   }
   EXPECT_TRUE(be().last_error().ok()) << be().last_error().to_string();

@@ -69,7 +69,10 @@ struct Outputs {
             .gate_out = gate_out,
             .proj_out = proj_out,
             .next_out = next ? xn.t() : Tensor(),
-            .next_norm = next ? b.w_next.t() : Tensor()};
+            .next_norm = next ? b.w_next.t() : Tensor(),
+            // The prefetch hint for the next layer (this block's own weights will do): it changes no bit.
+            .next_gate = next ? b.gate.t() : Tensor(),
+            .next_proj = next ? b.proj.t() : Tensor()};
   }
   DeviceTensor x, xn, gate_out, proj_out;
 };
@@ -91,10 +94,13 @@ TEST_F(CudaPerLayerInput, OneLaunchEqualsTheCompositeBitwise) {
   for (int64_t d : {1536, 2560})
     std::printf("per_layer_input at d %lld: %d clusters at once\n", static_cast<long long>(d),
                 cuda::per_layer_input_max_clusters(d));
-  int fused_passes = 0;
+  int fused_passes = 0, n = 0;
   for (const Case& c : cases) {
-    SCOPED_TRACE(strfmt("%lld rows, d %lld, %s norm weights, next norm %d", static_cast<long long>(c.rows),
-                        static_cast<long long>(c.d), dtype_name(c.norm_dtype), c.next));
+    // The next layer's weights asked into L2 or not, in turn.
+    const bool prefetch = n++ % 2 == 0;
+    cuda::set_per_layer_input_prefetch(prefetch);
+    SCOPED_TRACE(strfmt("%lld rows, d %lld, %s norm weights, next norm %d, prefetch %d", static_cast<long long>(c.rows),
+                        static_cast<long long>(c.d), dtype_name(c.norm_dtype), c.next, prefetch));
     const Block b(be(), c.rows, c.d, c.norm_dtype, seed);
     seed += 16;
     Outputs want(be(), b, c.rows, c.d), got(be(), b, c.rows, c.d);
@@ -117,6 +123,7 @@ TEST_F(CudaPerLayerInput, OneLaunchEqualsTheCompositeBitwise) {
     }
     ASSERT_TRUE(be().last_error().ok()) << be().last_error().to_string();
   }
+  cuda::set_per_layer_input_prefetch(true);
   EXPECT_GT(fused_passes, 0) << "no verify pass took the one-launch kernel";
 }
 

@@ -117,6 +117,8 @@ Status CudaBackend::init() {
   concurrent_streams_ = !switched_off("TANDEM_BRANCHES");
   set_fused_per_layer_input(!switched_off("TANDEM_FUSED_PLE"));
   set_norm_regs(!switched_off("TANDEM_NORM_REGS"));
+  set_keep_norm_weights(!switched_off("TANDEM_L2_KEEP"));
+  set_per_layer_input_prefetch(!switched_off("TANDEM_PLI_PREFETCH"));
   if (const char* mlp = std::getenv("TANDEM_FUSED_MLP")) set_fused_attn_out_mlp(std::string_view(mlp) == "1");
   if (const char* fit = std::getenv("TANDEM_GEMV_FIT")) {
     if (std::string_view(fit) == "0" || std::string_view(fit) == "1" || std::string_view(fit) == "2") {

@@ -162,6 +162,59 @@ __device__ __forceinline__ void pdl_enter() {
   pdl_trigger();
 }
 
+// Small constants that every decode step reads again (norm weights, RoPE frequencies): loads that ask L2 to keep
+// their lines (an evict_last policy), so that the weight rows streaming past them (evict-first loads) do not push
+// them out between steps and a kernel's first requests, made before its PDL wait, come back from L2. The bits read
+// are the same as a plain load's. sm_80+; a plain load below.
+__device__ __forceinline__ uint64_t l2_keep_policy() {
+  uint64_t policy = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+#endif
+  return policy;
+}
+__device__ __forceinline__ uint4 ld_keep(const uint4* p, uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint4 v;
+  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(policy));
+  return v;
+#else
+  (void)policy;
+  return *p;
+#endif
+}
+__device__ __forceinline__ float ld_keep(const float* p, uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float v;
+  asm volatile("ld.global.L2::cache_hint.f32 %0, [%1], %2;" : "=f"(v) : "l"(p), "l"(policy));
+  return v;
+#else
+  (void)policy;
+  return *p;
+#endif
+}
+__device__ __forceinline__ float ld_keep(const __nv_bfloat16* p, uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned short bits;
+  asm volatile("ld.global.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(bits) : "l"(p), "l"(policy));
+  return __bfloat162float(__ushort_as_bfloat16(bits));
+#else
+  (void)policy;
+  return __bfloat162float(*p);
+#endif
+}
+
+// Asks L2 to fetch the 128-byte line at p (no register result; the kernel goes on at once).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+  (void)p;
+#endif
+}
+
 // Blocks for a grid-stride loop over n items with `threads` per block (capped; the loop covers the rest).
 inline unsigned grid_for(int64_t n, int threads) {
   const int64_t blocks = (n + threads - 1) / threads;

@@ -30,6 +30,10 @@ Status launch_rms_norm_seq(std::span<const RmsNormArgs> stages, cudaStream_t str
 // Whether bf16 rms_norm, rms_norm_then and rms_norm_seq take the register path where it applies (norm_regs.cu; on
 // unless TANDEM_NORM_REGS=0): the same bits in fewer memory round trips.
 void set_norm_regs(bool on);
+// Whether the norm kernels ask L2 to keep their weights and the RoPE frequencies resident between decode steps
+// (norm_math.cuh NormWeight::keep; on unless TANDEM_L2_KEEP=0): the same bits.
+void set_keep_norm_weights(bool on);
+bool keep_norm_weights();
 // kv_norm_write in one launch, bit-identical to rms_norm (+RoPE), rms_norm, kv_write, when k/v are contiguous
 // bf16 or f32 like the cache and both norms read with the same vector width.
 bool kv_norm_write_fusable(const KvNormWriteArgs& a);
@@ -130,6 +134,9 @@ Status launch_attn_out_mlp(const AttnOutMlpArgs& a, cudaStream_t stream);
 // weights and activations, 16-byte aligned, GEMV rows in one pass, and a GPU that places 16-block clusters. On unless
 // TANDEM_FUSED_PLE=0.
 void set_fused_per_layer_input(bool on);
+// Whether the one launch asks L2 for the next layer's gate and projection weights (PerLayerInputArgs next_gate /
+// next_proj) as it finishes (on unless TANDEM_PLI_PREFETCH=0).
+void set_per_layer_input_prefetch(bool on);
 bool per_layer_input_fusable(const PerLayerInputArgs& a);
 // How many of its 16-block clusters run at once at width d (a verify pass of T tokens fuses when 3 T <= 2 x that).
 int per_layer_input_max_clusters(int64_t d);

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels.h"
 #include "core/status.h"
 #include "tensor/dtype.h"
 #include "tensor/tensor.h"
@@ -60,10 +61,13 @@ __device__ __forceinline__ void store_vec(T* p, const float (&v)[V]) {
 struct NormWeight {
   const void* data = nullptr;  // [dim] or nullptr (weightless norm)
   DType dtype = DType::kF32;
+  bool keep = false;  // read with L2's evict_last priority (device_utils.cuh ld_keep): same bits, kept resident
 };
 
 // A norm's weight tensor as the kernels take it (an empty tensor: a weightless norm).
-inline NormWeight norm_weight(const Tensor& w) { return NormWeight{w.empty() ? nullptr : w.data, w.dtype}; }
+inline NormWeight norm_weight(const Tensor& w) {
+  return NormWeight{w.empty() ? nullptr : w.data, w.dtype, !w.empty() && keep_norm_weights()};
+}
 // Whether the kernels read this weight: none, or bf16 / f32.
 inline bool plain_weight(const Tensor& w) { return w.empty() || w.dtype == DType::kBF16 || w.dtype == DType::kF32; }
 // A weight the fused kernels read with vector loads for rows of d: none, or d bf16 / f32 values, 16-byte aligned.
@@ -97,6 +101,35 @@ __device__ __forceinline__ void load_weight(const NormWeight& w, int64_t i, floa
   if (w.data == nullptr) {
 #pragma unroll
     for (int j = 0; j < V; ++j) v[j] = 1.f;
+  } else if (w.keep) {
+    const uint64_t policy = l2_keep_policy();
+    if (w.dtype == DType::kBF16) {
+      const auto* p = static_cast<const __nv_bfloat16*>(w.data) + i;
+      if (V == 8 && vec) {
+        const uint4 raw = ld_keep(reinterpret_cast<const uint4*>(p), policy);
+        const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[j] = to_f32(e[j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[j] = ld_keep(p + j, policy);
+      }
+    } else {
+      const float* p = static_cast<const float*>(w.data) + i;
+      if (V == 8 && vec) {
+#pragma unroll
+        for (int h = 0; h < V / 4; ++h) {
+          const uint4 raw = ld_keep(reinterpret_cast<const uint4*>(p) + h, policy);
+          v[4 * h] = __uint_as_float(raw.x);
+          v[4 * h + 1] = __uint_as_float(raw.y);
+          v[4 * h + 2] = __uint_as_float(raw.z);
+          v[4 * h + 3] = __uint_as_float(raw.w);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[j] = ld_keep(p + j, policy);
+      }
+    }
   } else if (w.dtype == DType::kBF16) {
     load_any<__nv_bfloat16, V>(static_cast<const __nv_bfloat16*>(w.data) + i, v, vec);
   } else {

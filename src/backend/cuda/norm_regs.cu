@@ -88,9 +88,16 @@ std::atomic<bool>& regs_flag() {
   return on;
 }
 
+std::atomic<bool>& keep_flag() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
 }  // namespace
 
 void set_norm_regs(bool on) { regs_flag().store(on, std::memory_order_relaxed); }
+void set_keep_norm_weights(bool on) { keep_flag().store(on, std::memory_order_relaxed); }
+bool keep_norm_weights() { return keep_flag().load(std::memory_order_relaxed); }
 bool norm_regs_enabled() { return regs_flag().load(std::memory_order_relaxed); }
 
 Status launch_norm_regs(const NormJobs& jobs, int n, int64_t rows, int threads, int64_t dim, cudaStream_t stream) {

@@ -247,6 +247,11 @@ __global__ void rope_kernel(T* x, const int32_t* pos, const float* inv_freq, int
 
 __device__ __forceinline__ float weight_at(const NormWeight& w, int64_t i) {
   if (w.data == nullptr) return 1.f;
+  if (w.keep) {
+    const uint64_t policy = l2_keep_policy();
+    return w.dtype == DType::kBF16 ? ld_keep(static_cast<const bf16*>(w.data) + i, policy)
+                                   : ld_keep(static_cast<const float*>(w.data) + i, policy);
+  }
   if (w.dtype == DType::kBF16) return to_f32(static_cast<const bf16*>(w.data)[i]);
   return static_cast<const float*>(w.data)[i];
 }
@@ -265,7 +270,7 @@ __device__ __forceinline__ RopePair rope_pair_consts(const NormWeight& w, const 
   if (j < half) {
     p.w1 = weight_at(w, j);
     p.w2 = weight_at(w, j + half);
-    p.f = inv_freq[j];
+    p.f = w.keep ? ld_keep(inv_freq + j, l2_keep_policy()) : inv_freq[j];
   }
   return p;
 }

@@ -17,9 +17,11 @@
 // The GEMV's sums do not depend on its row count, so each token's bits are the composite's at any token count.
 // Each block requests its weights (96 KB at E2B's width, 160 KB at E4B's) and the first norm's weight into
 // registers, and block 0 the last two norms' weights into shared memory, before the wait for the kernel before, so
-// their fetch overlaps that kernel; a verify pass's clusters read the same weights, from L2 after the first. Shapes
-// it does not take (other widths, more than 9 tokens, GEMV geometries of another TANDEM_GEMV_FIT mode) run the
-// composite.
+// their fetch overlaps that kernel; a verify pass's clusters read the same weights, from L2 after the first. As they
+// leave, blocks 1..15 of the first cluster ask L2 for the next layer's gate and projection (the args' next_gate /
+// next_proj hint), so that launch's 16 SMs, which start only as the kernel before them ends, read their 1.5-2.6 MB
+// from L2 rather than from memory. Shapes it does not take (other widths, more than 9 tokens, GEMV geometries of
+// another TANDEM_GEMV_FIT mode) run the composite.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
@@ -56,6 +58,8 @@ struct PliParams {
   NormWeight w_ffn, w_post, w_next;
   float layer_scalar, eps;
   int64_t d, ple_stride;
+  const bf16* pf_gate;  // the next layer's gate and projection, asked into L2 (or null)
+  const bf16* pf_proj;
 };
 
 // Lanes [first, first + 8) of the warp hold one bf16 each (as the low bits of `bits`): all eight, packed in lane
@@ -176,8 +180,20 @@ __global__ void __launch_bounds__(kMaxThreads, 1) per_layer_input_kernel(PliPara
   }
   cluster.sync();  // block 0 has the whole projection; no block reads another's shared memory after this
 
-  // 4. Block 0: x = (x1 + norm(proj) * w_post) * layer_scalar and the next layer's input norm of x.
-  if (rank != 0) return;
+  // 4. Block 0: x = (x1 + norm(proj) * w_post) * layer_scalar and the next layer's input norm of x. The other
+  //    blocks of the first cluster ask L2 for the next layer's weights of this block before they leave, off the
+  //    chain: that launch's 16 SMs then read them from L2 instead of memory.
+  if (rank != 0) {
+    if (p.pf_gate != nullptr && blockIdx.y == 0) {
+      const int64_t lines = int64_t{kPle} * d * static_cast<int64_t>(sizeof(bf16)) / 128;  // per matrix
+      const int64_t stride = int64_t{kCluster - 1} * blockDim.x;
+      for (int64_t l = static_cast<int64_t>(rank - 1) * blockDim.x + t; l < 2 * lines; l += stride) {
+        const char* base = reinterpret_cast<const char*>(l < lines ? p.pf_gate : p.pf_proj);
+        prefetch_l2(base + (l < lines ? l : l - lines) * 128);
+      }
+    }
+    return;
+  }
   float ov[8];
   load_vec<bf16, 8>(o + 8 * t, ov);
   const float inv = inv_rms_of(block_sum(add_squares<8>(ov, 0.f)), d, p.eps);
@@ -196,6 +212,11 @@ __global__ void __launch_bounds__(kMaxThreads, 1) per_layer_input_kernel(PliPara
 }
 
 std::atomic<bool>& fused_flag() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
+std::atomic<bool>& prefetch_flag() {
   static std::atomic<bool> on{true};
   return on;
 }
@@ -225,6 +246,7 @@ int max_clusters(int threads) {
 }  // namespace
 
 void set_fused_per_layer_input(bool on) { fused_flag().store(on, std::memory_order_relaxed); }
+void set_per_layer_input_prefetch(bool on) { prefetch_flag().store(on, std::memory_order_relaxed); }
 
 int per_layer_input_max_clusters(int64_t d) {
   return d % 256 == 0 && d / 8 <= kMaxThreads ? max_clusters(static_cast<int>(d / 8)) : 0;
@@ -255,19 +277,29 @@ bool per_layer_input_fusable(const PerLayerInputArgs& a) {
 
 Status launch_per_layer_input(const PerLayerInputArgs& a, cudaStream_t stream) {
   if (!per_layer_input_fusable(a)) return internal_error("cuda per_layer_input: arguments it does not fuse");
-  const PliParams p{.x = static_cast<bf16*>(a.x.data),
-                    .f = static_cast<const bf16*>(a.f.data),
-                    .gate = static_cast<const bf16*>(a.gate.data),
-                    .ple = static_cast<const bf16*>(a.ple.data),
-                    .proj = static_cast<const bf16*>(a.proj.data),
-                    .next_out = a.next_out.empty() ? nullptr : static_cast<bf16*>(a.next_out.data),
-                    .w_ffn = norm_weight(a.post_ffn_norm),
-                    .w_post = norm_weight(a.post_norm),
-                    .w_next = norm_weight(a.next_norm),
-                    .layer_scalar = a.layer_scalar,
-                    .eps = a.eps,
-                    .d = a.x.dim(-1),
-                    .ple_stride = a.ple.stride[0]};
+  PliParams p{.x = static_cast<bf16*>(a.x.data),
+              .f = static_cast<const bf16*>(a.f.data),
+              .gate = static_cast<const bf16*>(a.gate.data),
+              .ple = static_cast<const bf16*>(a.ple.data),
+              .proj = static_cast<const bf16*>(a.proj.data),
+              .next_out = a.next_out.empty() ? nullptr : static_cast<bf16*>(a.next_out.data),
+              .w_ffn = norm_weight(a.post_ffn_norm),
+              .w_post = norm_weight(a.post_norm),
+              .w_next = norm_weight(a.next_norm),
+              .layer_scalar = a.layer_scalar,
+              .eps = a.eps,
+              .d = a.x.dim(-1),
+              .ple_stride = a.ple.stride[0],
+              .pf_gate = nullptr,
+              .pf_proj = nullptr};
+  // The next layer's weights, when given in this layer's shapes (a hint: anything else is ignored).
+  if (prefetch_flag().load(std::memory_order_relaxed) && a.next_gate.same_shape(a.gate) &&
+      a.next_proj.same_shape(a.proj) && a.next_gate.dtype == DType::kBF16 && a.next_proj.dtype == DType::kBF16 &&
+      a.next_gate.is_contiguous() && a.next_proj.is_contiguous() && aligned16(a.next_gate.data) &&
+      aligned16(a.next_proj.data)) {
+    p.pf_gate = static_cast<const bf16*>(a.next_gate.data);
+    p.pf_proj = static_cast<const bf16*>(a.next_proj.data);
+  }
   const dim3 grid(kCluster, static_cast<unsigned>(a.x.rows()));
   TANDEM_CUDA_TRY(
       launch_clusters_pdl(per_layer_input_kernel, grid, static_cast<unsigned>(p.d / 8), 0, stream, kCluster, p));
