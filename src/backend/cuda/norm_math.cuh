@@ -96,6 +96,24 @@ __device__ __forceinline__ void store_any(T* p, const float (&v)[V], bool vec) {
   }
 }
 
+// load_any with L2's evict_last policy (device_utils.cuh ld_keep): the same values, in 16-byte loads when `vec`.
+template <class T, int V>
+__device__ __forceinline__ void load_keep(const T* p, float (&v)[V], bool vec, uint64_t policy) {
+  if (V == 8 && vec) {
+    constexpr int kPerLoad = 16 / sizeof(T);  // 8 bf16 or 4 f32
+#pragma unroll
+    for (int h = 0; h < V / kPerLoad; ++h) {
+      const uint4 raw = ld_keep(reinterpret_cast<const uint4*>(p) + h, policy);
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int j = 0; j < kPerLoad; ++j) v[kPerLoad * h + j] = to_f32(e[j]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = ld_keep(p + j, policy);
+  }
+}
+
 template <int V>
 __device__ __forceinline__ void load_weight(const NormWeight& w, int64_t i, float (&v)[V], bool vec) {
   if (w.data == nullptr) {
@@ -104,31 +122,9 @@ __device__ __forceinline__ void load_weight(const NormWeight& w, int64_t i, floa
   } else if (w.keep) {
     const uint64_t policy = l2_keep_policy();
     if (w.dtype == DType::kBF16) {
-      const auto* p = static_cast<const __nv_bfloat16*>(w.data) + i;
-      if (V == 8 && vec) {
-        const uint4 raw = ld_keep(reinterpret_cast<const uint4*>(p), policy);
-        const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&raw);
-#pragma unroll
-        for (int j = 0; j < V; ++j) v[j] = to_f32(e[j]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < V; ++j) v[j] = ld_keep(p + j, policy);
-      }
+      load_keep<__nv_bfloat16, V>(static_cast<const __nv_bfloat16*>(w.data) + i, v, vec, policy);
     } else {
-      const float* p = static_cast<const float*>(w.data) + i;
-      if (V == 8 && vec) {
-#pragma unroll
-        for (int h = 0; h < V / 4; ++h) {
-          const uint4 raw = ld_keep(reinterpret_cast<const uint4*>(p) + h, policy);
-          v[4 * h] = __uint_as_float(raw.x);
-          v[4 * h + 1] = __uint_as_float(raw.y);
-          v[4 * h + 2] = __uint_as_float(raw.z);
-          v[4 * h + 3] = __uint_as_float(raw.w);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < V; ++j) v[j] = ld_keep(p + j, policy);
-      }
+      load_keep<float, V>(static_cast<const float*>(w.data) + i, v, vec, policy);
     }
   } else if (w.dtype == DType::kBF16) {
     load_any<__nv_bfloat16, V>(static_cast<const __nv_bfloat16*>(w.data) + i, v, vec);
