@@ -208,16 +208,20 @@ Status Gemma4Assistant::run_step(const DraftStepArgs& a) {
     backend_.rms_norm({.out = zn, .x = z, .weight = lw.input_norm, .eps = tc.rms_eps});
     const Tensor q = ws.q.view(act, {1, nh, hd});
     backend_.linear({.out = q.reshape({1, nh * hd}), .x = zn, .w = lw.attn.q_proj});
-    backend_.rms_norm(  // q = RoPE(q_norm(q)), one op (ops.h)
-        {.out = q, .x = q, .weight = lw.attn.q_norm, .eps = tc.rms_eps, .rope_pos = pos, .rope_inv_freq = inv_freq});
-    // The query at Pq = P sees target keys [0, P): all of them on the full layer, the newest W+1 on sliding
-    // layers (drafter_sliding_window).
+    // q = RoPE(q_norm(q)), then attention over the target's cache: the query at Pq = P sees target keys [0, P):
+    // all of them on the full layer, the newest W+1 on sliding layers (drafter_sliding_window). One launch on CUDA.
     const int src = target_.text().shared_kv_layer(ls.attn);
     const Tensor attn = ws.attn.view(act, {1, nh, hd});
-    backend_.attention({.out = attn, .q = q, .kv = a.cache->view(src, a.kv_end), .q_pos = pos,
-                        .kv_end = ws.kv_end.view(DType::kI32, {1}),
-                        .window = ls.attn == AttnType::kSliding ? drafter_sliding_window(ls.window) : 0,
-                        .causal = true, .scale = 1.f});
+    backend_.q_norm_attention(
+        {.out = q, .x = q, .weight = lw.attn.q_norm, .eps = tc.rms_eps, .rope_pos = pos, .rope_inv_freq = inv_freq},
+        {.out = attn,
+         .q = q,
+         .kv = a.cache->view(src, a.kv_end),
+         .q_pos = pos,
+         .kv_end = ws.kv_end.view(DType::kI32, {1}),
+         .window = ls.attn == AttnType::kSliding ? drafter_sliding_window(ls.window) : 0,
+         .causal = true,
+         .scale = 1.f});
     backend_.linear({.out = o, .x = attn.reshape({1, nh * hd}), .w = lw.attn.o_proj});
     backend_.rms_norm({.out = z, .x = o, .weight = lw.post_attn_norm, .eps = tc.rms_eps, .residual = z});
     const Tensor gate = ws.gate.view(act, {1, ls.d_ff});

@@ -379,12 +379,14 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
     }
   }
   backend_.linear_group(qkv);
-  // q = RoPE(q_norm(q)) in one op (ops.h: the same bits as rms_norm then rope); in kv_norm_write below when the
-  // layer writes the cache of a single sequence.
+  // q = RoPE(q_norm(q)) in one op (ops.h: the same bits as rms_norm then rope); for a single sequence, in
+  // kv_norm_write below when the layer writes the cache, else with the attention (q_norm_attention; one launch each
+  // on CUDA).
   const bool fused_qkv_norms = ls.owns_kv && batch.size() == 1;
-  if (!fused_qkv_norms)
-    backend_.rms_norm(
-        {.out = q, .x = q, .weight = lw.attn.q_norm, .eps = tc.rms_eps, .rope_pos = pos, .rope_inv_freq = inv_freq});
+  const bool q_norm_with_attention = !ls.owns_kv && batch.size() == 1;
+  const RmsNormArgs q_norm{
+      .out = q, .x = q, .weight = lw.attn.q_norm, .eps = tc.rms_eps, .rope_pos = pos, .rope_inv_freq = inv_freq};
+  if (!fused_qkv_norms && !q_norm_with_attention) backend_.rms_norm(q_norm);
   if (ls.owns_kv) {
     if (ls.k_eq_v) {
       // K=V layers: values are the raw k_proj output, copied before k_norm/RoPE (spec §1.6, item 7 of §6).
@@ -423,10 +425,19 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
   for (const SequenceInput& in : batch) {
     const int64_t n = static_cast<int64_t>(in.tokens.size());
     // Scale 1.0: q_norm/k_norm replace 1/sqrt(d) (spec §1.6). Sliding layers: q - W < k <= q (spec §1.8).
-    backend_.attention({.out = attn.slice(r, r + n), .q = q.slice(r, r + n),
-                        .kv = in.cache->attention_view(i, in.cache->length() + n), .q_pos = pos.slice(r, r + n),
-                        .kv_end = batch.size() == 1 ? ws.kv_end.view(DType::kI32, {1}) : Tensor(),
-                        .window = ls.attn == AttnType::kSliding ? ls.window : 0, .causal = true, .scale = 1.f});
+    const AttentionArgs att{.out = attn.slice(r, r + n),
+                            .q = q.slice(r, r + n),
+                            .kv = in.cache->attention_view(i, in.cache->length() + n),
+                            .q_pos = pos.slice(r, r + n),
+                            .kv_end = batch.size() == 1 ? ws.kv_end.view(DType::kI32, {1}) : Tensor(),
+                            .window = ls.attn == AttnType::kSliding ? ls.window : 0,
+                            .causal = true,
+                            .scale = 1.f};
+    if (q_norm_with_attention) {
+      backend_.q_norm_attention(q_norm, att);
+    } else {
+      backend_.attention(att);
+    }
     r += n;
   }
   const Tensor o = ws.o.view(act, {rows, d});

@@ -296,7 +296,36 @@ int choose_splits(int64_t rows, int64_t max_keys, int64_t head_dim, const Scratc
   return static_cast<int>(std::clamp<int64_t>(splits, 1, 64));
 }
 
+// Launch sizing (split-K): the host range, or inside a graph capture with kv_end the largest range a replay may see
+// (the capacity); the kernels take their range at run time either way.
+Result<int64_t> launch_max_keys(const AttentionArgs& a, cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TANDEM_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+  return !a.kv_end.empty() && capture != cudaStreamCaptureStatusNone ? a.kv.capacity() : a.kv.end - a.kv.begin;
+}
+
 }  // namespace
+
+bool q_norm_attention_fusable(const RmsNormArgs& qn, const AttentionArgs& a) {
+  if (!attention_decode_applies(a) || a.q.ndim != 3) return false;
+  const int64_t hd = a.q.shape[2];
+  // q normed in place with RoPE at the query positions, bf16, the weight and frequencies of a head row.
+  return qn.x.data == a.q.data && qn.out.data == a.q.data && qn.x.dtype == DType::kBF16 &&
+         qn.out.dtype == DType::kBF16 && qn.x.numel() == a.q.numel() && qn.x.dim(-1) == hd && qn.residual.empty() &&
+         qn.out_scale == 1.f && plain_weight(qn.weight) && (qn.weight.empty() || qn.weight.numel() == hd) &&
+         qn.rope_pos.data == a.q_pos.data && qn.rope_pos.numel() == a.q_pos.numel() &&
+         qn.rope_inv_freq.dtype == DType::kF32 && qn.rope_inv_freq.numel() == hd / 2 && hd % 2 == 0;
+}
+
+Status launch_q_norm_attention(const RmsNormArgs& qn, const AttentionArgs& a, const Scratch& scratch,
+                               cudaStream_t stream) {
+  if (!q_norm_attention_fusable(qn, a)) return internal_error("cuda q_norm_attention: arguments it does not fuse");
+  if (a.q.shape[0] * a.q.shape[1] == 0) return ok_status();
+  TANDEM_ASSIGN_OR_RETURN(const int64_t max_keys, launch_max_keys(a, stream));
+  const QNormIn in{
+      .w = norm_weight(qn.weight), .inv_freq = static_cast<const float*>(qn.rope_inv_freq.data), .eps = qn.eps};
+  return launch_attention_decode(a, max_keys, scratch, stream, &in);
+}
 
 Status launch_attention_combine(void* out, DType out_dtype, const float* partial, int n_splits, int64_t rows,
                                 int64_t head_dim, cudaStream_t stream) {
@@ -326,12 +355,7 @@ Status launch_attention(const AttentionArgs& a, const Scratch& scratch, cudaStre
                               kMaxHeadDim));
   const int64_t rows = n_tok * n_heads;
   if (rows == 0 || head_dim == 0) return ok_status();
-  // Launch sizing (split-K): the host range, or inside a graph capture with kv_end the largest range a replay may
-  // see (the capacity); the kernels take their range at run time either way.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  TANDEM_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
-  const int64_t max_keys = !a.kv_end.empty() && capture != cudaStreamCaptureStatusNone ? a.kv.capacity()
-                                                                                        : a.kv.end - a.kv.begin;
+  TANDEM_ASSIGN_OR_RETURN(const int64_t max_keys, launch_max_keys(a, stream));
   if (attention_decode_applies(a)) return launch_attention_decode(a, max_keys, scratch, stream);
   AttnParams p{};
   p.out = a.out.data;

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/norm_math.cuh"
 #include "core/status.h"
 #include "tensor/dtype.h"
 
@@ -45,9 +46,17 @@ Status launch_attention_combine(void* out, DType out_dtype, const float* partial
 // aligned K/V rows. (attention_decode.cu)
 bool attention_decode_applies(const AttentionArgs& a);
 
+// The q norm the decode kernel applies itself (q_norm_attention): q = RoPE(rms_norm(q) * w) as rms_norm with
+// rope_pos = q_pos and rope_inv_freq = inv_freq computes it (f32 [head_dim / 2]).
+struct QNormIn {
+  NormWeight w;
+  const float* inv_freq = nullptr;
+  float eps = 0.f;
+};
+
 // Enqueues the decode kernel (and the combine when it splits the keys). max_keys sizes the launch: the range the
-// queries see (the capacity inside a graph capture with kv_end, so every replay length fits).
-Status launch_attention_decode(const AttentionArgs& a, int64_t max_keys, const Scratch& scratch,
-                               cudaStream_t stream);
+// queries see (the capacity inside a graph capture with kv_end, so every replay length fits). qn: norm q first.
+Status launch_attention_decode(const AttentionArgs& a, int64_t max_keys, const Scratch& scratch, cudaStream_t stream,
+                               const QNormIn* qn = nullptr);
 
 }  // namespace tandem::cuda

@@ -21,6 +21,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/norm_math.cuh"
 #include "backend/cuda/warp_mma.cuh"
 
 namespace tandem::cuda {
@@ -79,11 +80,48 @@ struct DecodeParams {
   bool ring, causal;
   float scale_log2;             // scale * log2(e): scores are kept in base-2 units for exp2f
   float* partial;               // split-K partial states (attention_common.cuh layout) when n_splits > 1
+  QNormIn qn;                   // the kQNorm kernel's q norm
 };
+
+// kQNorm: every block norms and rotates its query rows itself, as rms_norm with RoPE (norm_rope.cu
+// rms_norm_rope_kernel) computes them, into shared memory (the K/V stages, free until the pipeline starts), one
+// warp per row: lane l holds 8-element chunks l, l + 32 of the row, the chunks of warp 0 and warp 1 of that kernel's
+// reduction, whose two warp sums it adds in block_sum's order (head_dim <= 512: at most two warps hold values);
+// then pairs (j, j + half) for j = l, l + 32, ... get that kernel's output math.
+template <int NW>
+__device__ __forceinline__ void norm_query_rows(const DecodeParams& p, bf16* s_q, int row0, int n_rows, int kvh) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, hd = p.head_dim, half = hd / 2;
+  const int n_chunks = hd / 8;
+  for (int r = warp; r < n_rows; r += NW) {
+    const int gr = row0 + r, t = gr / p.group;
+    const bf16* xr = p.q + (static_cast<int64_t>(t) * p.n_heads + kvh * p.group + gr % p.group) * hd;
+    float ss = 0.f;
+    for (int c0 = 0; c0 < n_chunks; c0 += kWarp) {
+      float v[8] = {};
+      if (c0 + lane < n_chunks) load_vec<bf16, 8>(xr + 8 * (c0 + lane), v);
+      const float part = warp_sum(add_squares<8>(v, 0.f));
+      ss = c0 == 0 ? part : ss + part;
+    }
+    const float inv = inv_rms_of(ss, hd, p.qn.eps);
+    const float pos = static_cast<float>(p.q_pos[t]);
+    for (int j = lane; j < half; j += kWarp) {
+      float x1 = round_as<bf16>(to_f32(xr[j]) * inv * weight_at(p.qn.w, j));
+      float x2 = round_as<bf16>(to_f32(xr[j + half]) * inv * weight_at(p.qn.w, j + half));
+      const float f = p.qn.inv_freq[j];
+      if (f != 0.f) {  // a zero frequency (proportional RoPE) keeps the normed pair as it is
+        float sn, cs;
+        sincosf(pos * f, &sn, &cs);
+        rope_pair<bf16>(x1, x2, cs, sn);
+      }
+      s_q[r * hd + j] = from_f32<bf16>(x1);
+      s_q[r * hd + j + half] = from_f32<bf16>(x2);
+    }
+  }
+}
 
 // Grid (row chunk, split, KV head). mma fragment coordinates: gq = lane / 4, tq = lane % 4. In S^T (keys x rows) and
 // O^T (head dims x rows) a thread holds rows 8j + 2tq, 8j + 2tq + 1 of n-tile j.
-template <int NW, int NT>
+template <int NW, int NT, bool kQNorm>
 __global__ void __launch_bounds__(32 * NW, 1) attention_decode_kernel(DecodeParams p) {
   pdl_enter();
   using G = Geo<NW, NT>;
@@ -122,14 +160,20 @@ __global__ void __launch_bounds__(32 * NW, 1) attention_decode_kernel(DecodePara
 
   // This warp's head dims of the block's query rows as B fragments of S^T = K Q^T (zero past the rows and the head
   // dim), read before any output is written (out may alias q; other blocks write other rows, or the combine does).
+  // kQNorm: from the normed rows in shared memory.
+  if constexpr (kQNorm) {
+    norm_query_rows<NW>(p, reinterpret_cast<bf16*>(smem), row0, n_rows, kvh);
+    __syncthreads();
+  }
   uint32_t qf[NT][4][2];
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const int r = 8 * j + gq;
-    const bf16* qrow = p.q;
+    const bf16* qrow = kQNorm ? reinterpret_cast<const bf16*>(smem) : p.q;
     if (r < n_rows) {
       const int gr = row0 + r;
-      qrow = p.q + (static_cast<int64_t>(gr / p.group) * p.n_heads + kvh * p.group + gr % p.group) * hd;
+      qrow = kQNorm ? reinterpret_cast<const bf16*>(smem) + r * hd
+                    : p.q + (static_cast<int64_t>(gr / p.group) * p.n_heads + kvh * p.group + gr % p.group) * hd;
     }
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
@@ -367,7 +411,7 @@ struct DecodeShape {
 
 // Opts the kernel in to its shared memory (over the 48 KB default) once per device, and returns how many of its
 // blocks an SM holds (for the split count; a heuristic, so one value serves every device).
-template <int NW, int NT>
+template <int NW, int NT, bool kQNorm>
 Result<int> prepare_kernel() {
   using G = Geo<NW, NT>;
   static std::atomic<uint64_t> prepared{0};  // bit d: device d done
@@ -376,11 +420,11 @@ Result<int> prepare_kernel() {
   TANDEM_CUDA_TRY(cudaGetDevice(&dev));
   const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t{1} << dev : 0;
   if (bit == 0 || (prepared.load(std::memory_order_acquire) & bit) == 0) {
-    TANDEM_CUDA_TRY(cudaFuncSetAttribute(attention_decode_kernel<NW, NT>,
+    TANDEM_CUDA_TRY(cudaFuncSetAttribute(attention_decode_kernel<NW, NT, kQNorm>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(G::kSmem)));
     int n = 0;
-    TANDEM_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_kernel<NW, NT>, G::kThreads,
-                                                                  G::kSmem));
+    TANDEM_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_kernel<NW, NT, kQNorm>,
+                                                                  G::kThreads, G::kSmem));
     blocks_per_sm.store(std::max(n, 1), std::memory_order_relaxed);
     prepared.fetch_or(bit, std::memory_order_release);
   }
@@ -414,31 +458,38 @@ Splits choose_splits(const DecodeShape& s, int64_t head_dim, int blocks_per_sm, 
   return {static_cast<int>(target), static_cast<int>(std::clamp<int64_t>(needed, 1, target))};
 }
 
-template <int NW, int NT>
+template <int NW, int NT, bool kQNorm>
 Status launch_geo(DecodeParams p, const DecodeShape& s, const Scratch& scratch, cudaStream_t stream) {
   using G = Geo<NW, NT>;
-  TANDEM_ASSIGN_OR_RETURN(const int blocks_per_sm, (prepare_kernel<NW, NT>()));
+  static_assert(G::kRows <= G::kStages * 2 * G::kTk, "kQNorm: the block's normed query rows fit in the K/V stages");
+  TANDEM_ASSIGN_OR_RETURN(const int blocks_per_sm, (prepare_kernel<NW, NT, kQNorm>()));
   p.min_split_keys = min_split_keys();
   const Splits sp = choose_splits(s, p.head_dim, blocks_per_sm, p.min_split_keys, scratch);
   p.split_target = sp.target;
   p.n_splits = sp.launched;
   const dim3 grid(static_cast<unsigned>(s.n_chunks), static_cast<unsigned>(p.n_splits),
                   static_cast<unsigned>(s.n_kv));
-  launch_kernel(attention_decode_kernel<NW, NT>, grid, G::kThreads, G::kSmem, stream, p);
+  launch_kernel(attention_decode_kernel<NW, NT, kQNorm>, grid, G::kThreads, G::kSmem, stream, p);
   TANDEM_CUDA_TRY_LAUNCH();
   if (p.n_splits == 1) return ok_status();
   return launch_attention_combine(p.out, DType::kBF16, p.partial, p.n_splits, s.rows_out, p.head_dim, stream);
 }
 
+template <int NW, bool kQNorm>
+Status launch_nt(const DecodeParams& p, int nt, const DecodeShape& s, const Scratch& scratch, cudaStream_t stream) {
+  switch (nt) {
+    case 1: return launch_geo<NW, 1, kQNorm>(p, s, scratch, stream);
+    case 2: return launch_geo<NW, 2, kQNorm>(p, s, scratch, stream);
+    case 3: return launch_geo<NW, 3, kQNorm>(p, s, scratch, stream);
+    case 4: return launch_geo<NW, 4, kQNorm>(p, s, scratch, stream);
+    default: return launch_geo<NW, 5, kQNorm>(p, s, scratch, stream);
+  }
+}
+
 template <int NW>
 Status launch_nw(const DecodeParams& p, int nt, const DecodeShape& s, const Scratch& scratch, cudaStream_t stream) {
-  switch (nt) {
-    case 1: return launch_geo<NW, 1>(p, s, scratch, stream);
-    case 2: return launch_geo<NW, 2>(p, s, scratch, stream);
-    case 3: return launch_geo<NW, 3>(p, s, scratch, stream);
-    case 4: return launch_geo<NW, 4>(p, s, scratch, stream);
-    default: return launch_geo<NW, 5>(p, s, scratch, stream);
-  }
+  return p.qn.inv_freq != nullptr ? launch_nt<NW, true>(p, nt, s, scratch, stream)
+                                  : launch_nt<NW, false>(p, nt, s, scratch, stream);
 }
 
 }  // namespace
@@ -456,8 +507,8 @@ bool attention_decode_applies(const AttentionArgs& a) {
          kv.k.stride[0] % 8 == 0 && kv.k.stride[1] % 8 == 0 && kv.v.stride[0] % 8 == 0 && kv.v.stride[1] % 8 == 0;
 }
 
-Status launch_attention_decode(const AttentionArgs& a, int64_t max_keys, const Scratch& scratch,
-                               cudaStream_t stream) {
+Status launch_attention_decode(const AttentionArgs& a, int64_t max_keys, const Scratch& scratch, cudaStream_t stream,
+                               const QNormIn* qn) {
   const int64_t n_tok = a.q.shape[0], n_heads = a.q.shape[1], head_dim = a.q.shape[2];
   const int64_t n_kv = a.kv.k.shape[0], group = n_heads / n_kv;
   DecodeParams p{};
@@ -483,6 +534,7 @@ Status launch_attention_decode(const AttentionArgs& a, int64_t max_keys, const S
   p.causal = a.causal;
   p.scale_log2 = a.scale * kLog2e;
   p.partial = static_cast<float*>(scratch.data);
+  if (qn != nullptr) p.qn = *qn;
 
   // Query rows (n_tok x group) in chunks of at most kMaxChunkRows, as even as possible.
   const int64_t rows = n_tok * group;

@@ -139,6 +139,37 @@ __device__ __forceinline__ float round_as(float v) {
   return to_f32(from_f32<T>(v));
 }
 
+// Element i of a norm weight as f32 (1 for a weightless norm), read as load_weight reads it. Shared by the norm + RoPE
+// kernels (norm_rope.cu) and the decode attention kernel's q norm (attention_decode.cu).
+__device__ __forceinline__ float weight_at(const NormWeight& w, int64_t i) {
+  if (w.data == nullptr) return 1.f;
+  if (w.keep) {
+    const uint64_t policy = l2_keep_policy();
+    return w.dtype == DType::kBF16 ? ld_keep(static_cast<const __nv_bfloat16*>(w.data) + i, policy)
+                                   : ld_keep(static_cast<const float*>(w.data) + i, policy);
+  }
+  if (w.dtype == DType::kBF16) return to_f32(static_cast<const __nv_bfloat16*>(w.data)[i]);
+  return static_cast<const float*>(w.data)[i];
+}
+
+// One rotated pair (x1, x2) = (x[j], x[j + half]) -> x * cos + rotate_half(x) * sin, in place. Shared by rope and
+// the RoPE epilogue of rms_norm so both give the same bits. T is the activation type (bf16 or f32).
+template <class T>
+__device__ __forceinline__ void rope_pair(float& x1, float& x2, float c, float s) {
+  if constexpr (sizeof(T) == 2) {
+    // bf16: q * cos + rotate_half(q) * sin with every tensor op rounded to bf16 (spec §1.13 item 4).
+    c = round_as<T>(c);
+    s = round_as<T>(s);
+    const float y1 = round_as<T>(x1 * c) - round_as<T>(x2 * s);
+    x2 = round_as<T>(x2 * c) + round_as<T>(x1 * s);
+    x1 = y1;
+  } else {
+    const float y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+    x2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+    x1 = y1;
+  }
+}
+
 // ss + the squares of v in element order: one thread's share of a row's sum of squares.
 template <int V>
 __device__ __forceinline__ float add_squares(const float (&v)[V], float ss) {
