@@ -15,8 +15,8 @@
 #                 gemma4-e2b@TANDEM_PLI_PREFETCH=0"; they run on the first round only
 #   AB_BENCH      extra `tandem bench` flags (default: --iters 10 --max-k 4 --no-draft --trace)
 #   AB_BUDGET_S   stop starting benches after this many seconds (default 540)
-# Results: $OUT/ab.txt (decode lines and the kernels named in AB_KERNELS, default per_layer_input|rms_norm|attention
-# per run) and $OUT/ab-logs.tgz (every full log).
+# Results: $OUT/ab.txt (per run: the decode lines, the draft step and the K = 4 round when drafts are benched, and
+# the kernels named in AB_KERNELS, default per_layer_input|rms_norm|attention) and $OUT/ab-logs.tgz (every full log).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:?set OUT}
@@ -77,7 +77,7 @@ bench() {  # bench LABEL BINARY ARCH [ENV...]
   env "$@" timeout 150 "$bin" bench --device cuda --arch "$arch" "${flags[@]}" >"$log" 2>&1
   {
     echo "--- $arch $label (rc $?)"
-    grep -E "decode 1 token|verify [0-9] tokens" "$log" | head -3
+    grep -E "decode 1 token|verify [0-9] tokens|draft step|round K=4" "$log" | head -5
     awk '/kernel timeline, decode 1 token/ {on = 1} on && /^$/ {on = 0} on' "$log" | grep -E "$kernels|most replays" | head -14
   } | tee -a "$out/ab.txt"
 }

@@ -200,12 +200,15 @@ Status Gemma4Assistant::run_step(const DraftStepArgs& a) {
   const Tensor f = ws.f.view(act, {1, d});
   const Tensor pos = ws.pos.view(DType::kI32, {1});
   backend_.linear({.out = z, .x = u, .w = w_.pre_projection});
+  // zn = input_norm(z) of layer 0 here, of every later layer (and the final norm) in the op that ends the layer
+  // before.
+  backend_.rms_norm(
+      {.out = zn, .x = z, .weight = tc.n_layers > 0 ? w_.layers[0].input_norm : w_.final_norm, .eps = tc.rms_eps});
   for (int k = 0; k < tc.n_layers; ++k) {
     const LayerSpec& ls = tc.layer(k);
     const LayerWeights& lw = w_.layers[static_cast<size_t>(k)];
     const int64_t nh = tc.n_heads, hd = ls.head_dim;
     const Tensor inv_freq = rope_.for_layer(ls.attn, ls.head_dim);
-    backend_.rms_norm({.out = zn, .x = z, .weight = lw.input_norm, .eps = tc.rms_eps});
     const Tensor q = ws.q.view(act, {1, nh, hd});
     backend_.linear({.out = q.reshape({1, nh * hd}), .x = zn, .w = lw.attn.q_proj});
     // q = RoPE(q_norm(q)), then attention over the target's cache: the query at Pq = P sees target keys [0, P):
@@ -222,18 +225,35 @@ Status Gemma4Assistant::run_step(const DraftStepArgs& a) {
          .window = ls.attn == AttnType::kSliding ? drafter_sliding_window(ls.window) : 0,
          .causal = true,
          .scale = 1.f});
-    backend_.linear({.out = o, .x = attn.reshape({1, nh * hd}), .w = lw.attn.o_proj});
-    backend_.rms_norm({.out = z, .x = o, .weight = lw.post_attn_norm, .eps = tc.rms_eps, .residual = z});
+    // z = z + norm(o_proj(attn)), then the GeGLU MLP of pre_ffn_norm(z) into f, as one composite op (ops.h
+    // AttnOutMlpArgs; three launches on CUDA).
     const Tensor gate = ws.gate.view(act, {1, ls.d_ff});
     const Tensor up = ws.up.view(act, {1, ls.d_ff});
-    backend_.rms_norm({.out = zn, .x = z, .weight = lw.pre_ffn_norm, .eps = tc.rms_eps});
-    backend_.geglu({.out = gate, .x = zn, .w_gate = lw.mlp.gate, .w_up = lw.mlp.up, .up = up});
-    backend_.linear({.out = f, .x = gate, .w = lw.mlp.down});
-    // z = (z + norm(f)) * layer_scalar: the scalar multiplies the whole output, residual included (spec §1.5).
-    backend_.rms_norm({.out = z, .x = f, .weight = lw.post_ffn_norm, .eps = tc.rms_eps, .residual = z,
-                       .out_scale = layer_scalar_[static_cast<size_t>(k)]});
+    backend_.attn_out_mlp({.attn = attn.reshape({1, nh * hd}),
+                           .o_proj = lw.attn.o_proj,
+                           .o = o,
+                           .x = z,
+                           .post_attn_norm = lw.post_attn_norm,
+                           .xn = zn,
+                           .pre_ffn_norm = lw.pre_ffn_norm,
+                           .eps = tc.rms_eps,
+                           .gate = lw.mlp.gate,
+                           .up = lw.mlp.up,
+                           .g = gate,
+                           .u = up,
+                           .down = lw.mlp.down,
+                           .f = f});
+    // z = (z + norm(f)) * layer_scalar: the scalar multiplies the whole output, residual included (spec §1.5);
+    // then zn = the next layer's input norm of z, or the final norm.
+    const Tensor& next_norm = k + 1 < tc.n_layers ? w_.layers[static_cast<size_t>(k) + 1].input_norm : w_.final_norm;
+    backend_.rms_norm_then({.out = z,
+                            .x = f,
+                            .weight = lw.post_ffn_norm,
+                            .eps = tc.rms_eps,
+                            .residual = z,
+                            .out_scale = layer_scalar_[static_cast<size_t>(k)]},
+                           {.out = zn, .x = z, .weight = next_norm, .eps = tc.rms_eps});
   }
-  backend_.rms_norm({.out = zn, .x = z, .weight = w_.final_norm, .eps = tc.rms_eps});
   // Next step's hidden = post_projection(normed output), written straight into the input slot it feeds.
   backend_.linear({.out = u_hid, .x = zn, .w = w_.post_projection});
   if (head_ == DraftHeadKind::kCentroid) {

@@ -177,6 +177,8 @@ class CudaAttnOutMlpGemv : public CudaTest {
  protected:
   void SetUp() override {
     CudaTest::SetUp();
+    if (IsSkipped()) return;  // no GPU: there is no backend to set up
+    set_ = true;
     fused_was_ = cuda::fused_attn_out_mlp();
     gemv_was_ = cuda::attn_out_mlp_gemv();
     rows_was_ = be().fused_gemv_rows();
@@ -185,14 +187,16 @@ class CudaAttnOutMlpGemv : public CudaTest {
     be().set_fused_gemv_rows(cuda::CudaBackend::kMaxFusedGemvRows);
   }
   void TearDown() override {
-    cuda::set_fused_attn_out_mlp(fused_was_);
-    cuda::set_attn_out_mlp_gemv(gemv_was_);
-    be().set_fused_gemv_rows(rows_was_);
+    if (set_) {
+      cuda::set_fused_attn_out_mlp(fused_was_);
+      cuda::set_attn_out_mlp_gemv(gemv_was_);
+      be().set_fused_gemv_rows(rows_was_);
+    }
     CudaTest::TearDown();
   }
 
  private:
-  bool fused_was_ = false, gemv_was_ = true;
+  bool set_ = false, fused_was_ = false, gemv_was_ = true;
   int rows_was_ = 2;
 };
 

@@ -1,7 +1,8 @@
 // The element math of RMSNorm on the GPU (spec §1.2), shared by the norm kernels (norm_rope.cu, norm_regs.cu) and
-// the kernels that run a norm inside a larger step (per_layer_input.cu): vector loads and stores of V = 1 or 8
-// elements, the norm weight, and the arithmetic of one thread's elements, so that every kernel computing a norm rounds
-// and adds exactly as rms_norm does; and the norm kernels' job descriptions. Included only by .cu files.
+// the kernels that run a norm inside a larger step (per_layer_input.cu, attn_out_mlp.cu, gemv.cu's GeGLU with norms,
+// attention_decode.cu's q norm): vector loads and stores of V = 1 or 8 elements, the norm weight, RoPE's rotation of
+// a pair, and the arithmetic of one thread's elements, so that every kernel computing a norm rounds and adds exactly
+// as rms_norm does; and the norm kernels' job descriptions. Included only by .cu files.
 #pragma once
 
 #include <cuda_bf16.h>
