@@ -104,6 +104,26 @@ void expect_same(Outputs& got, Outputs& want) {
   EXPECT_TRUE(same_bits(got.f.host(), want.f.host())) << "f";
 }
 
+// Two ops captured in a graph (x advances, so the second reads the first one's x), replayed twice from the same
+// start: got ends as two composite ops leave want.
+void expect_graph_replay_equals_composite(cuda::CudaBackend& be, const Layer& l, Outputs& want, Outputs& got) {
+  be.Backend::attn_out_mlp(want.args(l));
+  const AttnOutMlpArgs a = got.args(l);
+  Result<Backend::GraphId> graph = be.capture([&] {
+    be.attn_out_mlp(a);
+    be.attn_out_mlp(a);
+    return be.last_error();
+  });
+  ASSERT_TRUE(graph.ok()) << graph.status().to_string();
+  be.Backend::attn_out_mlp(want.args(l));
+  for (int replay = 0; replay < 2; ++replay) {
+    got.reset(l);
+    ASSERT_TRUE(be.replay(*graph).ok());
+    expect_same(got, want);
+  }
+  be.release_graph(*graph);
+}
+
 TEST_F(CudaAttnOutMlp, OneLaunchEqualsTheCompositeBitwise) {
   GemvOn gemv(be());
   uint32_t seed = 5100;
@@ -136,22 +156,8 @@ TEST_F(CudaAttnOutMlp, GraphReplayEqualsTheComposite) {
   const Shape s{1, 1536, 2048, 6144};
   const Layer l(be(), s, kBF16, 5300);
   Outputs want(be(), l, s), got(be(), l, s);
-  be().Backend::attn_out_mlp(want.args(l));
-  const AttnOutMlpArgs a = got.args(l);
-  ASSERT_TRUE(cuda::attn_out_mlp_fusable(a));
-  Result<Backend::GraphId> graph = be().capture([&] {
-    be().attn_out_mlp(a);
-    be().attn_out_mlp(a);  // twice: x advances, so the second launch reads the first one's x
-    return be().last_error();
-  });
-  ASSERT_TRUE(graph.ok()) << graph.status().to_string();
-  be().Backend::attn_out_mlp(want.args(l));
-  for (int replay = 0; replay < 2; ++replay) {
-    got.reset(l);
-    ASSERT_TRUE(be().replay(*graph).ok());
-    expect_same(got, want);
-  }
-  be().release_graph(*graph);
+  ASSERT_TRUE(cuda::attn_out_mlp_fusable(got.args(l)));
+  expect_graph_replay_equals_composite(be(), l, want, got);
 }
 
 TEST_F(CudaAttnOutMlp, OtherShapesRunTheComposite) {
@@ -230,22 +236,8 @@ TEST_F(CudaAttnOutMlpGemv, GraphReplayEqualsTheComposite) {
   const Shape s{1, 2560, 2048, 10240};
   const Layer l(be(), s, kBF16, 5900);
   Outputs want(be(), l, s), got(be(), l, s);
-  be().Backend::attn_out_mlp(want.args(l));
-  const AttnOutMlpArgs a = got.args(l);
-  ASSERT_TRUE(cuda::attn_out_mlp_gemv_eligible(a, be().fused_gemv_rows()));
-  Result<Backend::GraphId> graph = be().capture([&] {
-    be().attn_out_mlp(a);
-    be().attn_out_mlp(a);  // twice: the second launch's norms read the first one's x
-    return be().last_error();
-  });
-  ASSERT_TRUE(graph.ok()) << graph.status().to_string();
-  be().Backend::attn_out_mlp(want.args(l));
-  for (int replay = 0; replay < 2; ++replay) {
-    got.reset(l);
-    ASSERT_TRUE(be().replay(*graph).ok());
-    expect_same(got, want);
-  }
-  be().release_graph(*graph);
+  ASSERT_TRUE(cuda::attn_out_mlp_gemv_eligible(got.args(l), be().fused_gemv_rows()));
+  expect_graph_replay_equals_composite(be(), l, want, got);
 }
 
 TEST_F(CudaAttnOutMlpGemv, WidthsOffItsBlockRunTheComposite) {
