@@ -327,6 +327,46 @@ Status launch_q_norm_attention(const RmsNormArgs& qn, const AttentionArgs& a, co
   return launch_attention_decode(a, max_keys, scratch, stream, &in);
 }
 
+bool kv_norm_write_attention_fusable(const KvNormWriteArgs& w, const AttentionArgs& a) {
+  const RmsNormArgs qn{.out = w.q,
+                       .x = w.q,
+                       .weight = w.q_norm,
+                       .eps = w.eps,
+                       .rope_pos = w.write.pos,
+                       .rope_inv_freq = w.rope_inv_freq};
+  if (w.q.empty() || !q_norm_attention_fusable(qn, a)) return false;
+  const KvWriteArgs& kw = w.write;
+  const KvView &wv = kw.kv, &av = a.kv;
+  // Written where the attention reads: the same storage, positions and token count.
+  if (wv.k.data != av.k.data || wv.v.data != av.v.data || wv.ring != av.ring || wv.capacity() != av.capacity() ||
+      wv.k.stride[0] != av.k.stride[0] || wv.k.stride[1] != av.k.stride[1] || wv.v.stride[0] != av.v.stride[0] ||
+      wv.v.stride[1] != av.v.stride[1] || kw.pos.data != a.q_pos.data || kw.pos.numel() != a.q_pos.numel())
+    return false;
+  const int64_t n_tok = a.q.shape[0], n_kv = av.k.shape[0], hd = a.q.shape[2];
+  for (const Tensor* t : {&kw.k_new, &kw.v_new})
+    if (t->dtype != DType::kBF16 || t->ndim != 3 || t->shape[0] != n_tok || t->shape[1] != n_kv || t->shape[2] != hd ||
+        !t->is_contiguous() || !aligned16(t->data))
+      return false;
+  return plain_weight(w.k_norm) && (w.k_norm.empty() || w.k_norm.numel() == hd);
+}
+
+Status launch_kv_norm_write_attention(const KvNormWriteArgs& w, const AttentionArgs& a, const Scratch& scratch,
+                                      cudaStream_t stream) {
+  if (!kv_norm_write_attention_fusable(w, a))
+    return internal_error("cuda kv_norm_write_attention: arguments it does not fuse");
+  if (a.q.shape[0] * a.q.shape[1] == 0) return ok_status();
+  TANDEM_ASSIGN_OR_RETURN(const int64_t max_keys, launch_max_keys(a, stream));
+  const QNormIn qn{
+      .w = norm_weight(w.q_norm), .inv_freq = static_cast<const float*>(w.rope_inv_freq.data), .eps = w.eps};
+  const KvNewIn kv{.k = static_cast<const bf16*>(w.write.k_new.data),
+                   .v = static_cast<const bf16*>(w.write.v_new.data),
+                   .k_norm = norm_weight(w.k_norm),
+                   .eps = w.eps,
+                   .k_cache = static_cast<bf16*>(w.write.kv.k.data),
+                   .v_cache = static_cast<bf16*>(w.write.kv.v.data)};
+  return launch_attention_decode(a, max_keys, scratch, stream, &qn, &kv);
+}
+
 Status launch_attention_combine(void* out, DType out_dtype, const float* partial, int n_splits, int64_t rows,
                                 int64_t head_dim, cudaStream_t stream) {
   if (n_splits < 1 || n_splits > kMaxAttnSplits)

@@ -54,9 +54,22 @@ struct QNormIn {
   float eps = 0.f;
 };
 
+// The new keys and values the decode kernel norms into the cache itself before attending (kv_norm_write_attention):
+// k, v [n_tok, n_kv, head_dim] bf16 at the query positions; the cache is the attention's KV storage (k_cache, v_cache
+// its data). The keys rotate with the q norm's frequencies.
+struct KvNewIn {
+  const __nv_bfloat16* k = nullptr;
+  const __nv_bfloat16* v = nullptr;
+  NormWeight k_norm;
+  float eps = 0.f;
+  __nv_bfloat16* k_cache = nullptr;
+  __nv_bfloat16* v_cache = nullptr;
+};
+
 // Enqueues the decode kernel (and the combine when it splits the keys). max_keys sizes the launch: the range the
-// queries see (the capacity inside a graph capture with kv_end, so every replay length fits). qn: norm q first.
+// queries see (the capacity inside a graph capture with kv_end, so every replay length fits). qn: norm q first;
+// kv_new (with qn): write the new keys and values first.
 Status launch_attention_decode(const AttentionArgs& a, int64_t max_keys, const Scratch& scratch, cudaStream_t stream,
-                               const QNormIn* qn = nullptr);
+                               const QNormIn* qn = nullptr, const KvNewIn* kv_new = nullptr);
 
 }  // namespace tandem::cuda

@@ -80,49 +80,95 @@ struct DecodeParams {
   bool ring, causal;
   float scale_log2;             // scale * log2(e): scores are kept in base-2 units for exp2f
   float* partial;               // split-K partial states (attention_common.cuh layout) when n_splits > 1
-  QNormIn qn;                   // the kQNorm kernel's q norm
+  QNormIn qn;                   // the q norm (kNorm >= 1)
+  KvNewIn kv_new;               // the new keys and values (kNorm == 2)
 };
 
-// kQNorm: every block norms and rotates its query rows itself, as rms_norm with RoPE (norm_rope.cu
+// kNorm >= 1: every block norms and rotates its query rows itself, as rms_norm with RoPE (norm_rope.cu
 // rms_norm_rope_kernel) computes them, into shared memory (the K/V stages, free until the pipeline starts), one
 // warp per row: lane l holds 8-element chunks l, l + 32 of the row, the chunks of warp 0 and warp 1 of that kernel's
 // reduction, whose two warp sums it adds in block_sum's order (head_dim <= 512: at most two warps hold values);
 // then pairs (j, j + half) for j = l, l + 32, ... get that kernel's output math.
+// (mean(x^2) + eps)^-0.5 of head row xr, by one warp, in the order of rms_norm_rope_kernel's block reduction.
+__device__ __forceinline__ float warp_row_inv_rms(const bf16* xr, int hd, float eps) {
+  const int lane = threadIdx.x % kWarp, n_chunks = hd / 8;
+  float ss = 0.f;
+  for (int c0 = 0; c0 < n_chunks; c0 += kWarp) {
+    float v[8] = {};
+    if (c0 + lane < n_chunks) load_vec<bf16, 8>(xr + 8 * (c0 + lane), v);
+    const float part = warp_sum(add_squares<8>(v, 0.f));
+    ss = c0 == 0 ? part : ss + part;
+  }
+  return inv_rms_of(ss, hd, eps);
+}
+
+// Head row xr normed (inv, weight w) and rotated at position pos into dst, by one warp: rms_norm_rope_kernel's
+// output math, pair (j, j + half) for j = lane, lane + 32, ...
+__device__ __forceinline__ void warp_norm_rope_row(bf16* dst, const bf16* xr, int hd, float inv, const NormWeight& w,
+                                                   const float* inv_freq, float pos) {
+  const int half = hd / 2;
+  for (int j = threadIdx.x % kWarp; j < half; j += kWarp) {
+    float x1 = round_as<bf16>(to_f32(xr[j]) * inv * weight_at(w, j));
+    float x2 = round_as<bf16>(to_f32(xr[j + half]) * inv * weight_at(w, j + half));
+    const float f = inv_freq[j];
+    if (f != 0.f) {  // a zero frequency (proportional RoPE) keeps the normed pair as it is
+      float sn, cs;
+      sincosf(pos * f, &sn, &cs);
+      rope_pair<bf16>(x1, x2, cs, sn);
+    }
+    dst[j] = from_f32<bf16>(x1);
+    dst[j + half] = from_f32<bf16>(x2);
+  }
+}
+
 template <int NW>
 __device__ __forceinline__ void norm_query_rows(const DecodeParams& p, bf16* s_q, int row0, int n_rows, int kvh) {
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, hd = p.head_dim, half = hd / 2;
-  const int n_chunks = hd / 8;
+  const int warp = threadIdx.x / kWarp, hd = p.head_dim;
   for (int r = warp; r < n_rows; r += NW) {
     const int gr = row0 + r, t = gr / p.group;
     const bf16* xr = p.q + (static_cast<int64_t>(t) * p.n_heads + kvh * p.group + gr % p.group) * hd;
-    float ss = 0.f;
-    for (int c0 = 0; c0 < n_chunks; c0 += kWarp) {
-      float v[8] = {};
-      if (c0 + lane < n_chunks) load_vec<bf16, 8>(xr + 8 * (c0 + lane), v);
-      const float part = warp_sum(add_squares<8>(v, 0.f));
-      ss = c0 == 0 ? part : ss + part;
-    }
-    const float inv = inv_rms_of(ss, hd, p.qn.eps);
-    const float pos = static_cast<float>(p.q_pos[t]);
-    for (int j = lane; j < half; j += kWarp) {
-      float x1 = round_as<bf16>(to_f32(xr[j]) * inv * weight_at(p.qn.w, j));
-      float x2 = round_as<bf16>(to_f32(xr[j + half]) * inv * weight_at(p.qn.w, j + half));
-      const float f = p.qn.inv_freq[j];
-      if (f != 0.f) {  // a zero frequency (proportional RoPE) keeps the normed pair as it is
-        float sn, cs;
-        sincosf(pos * f, &sn, &cs);
-        rope_pair<bf16>(x1, x2, cs, sn);
-      }
-      s_q[r * hd + j] = from_f32<bf16>(x1);
-      s_q[r * hd + j + half] = from_f32<bf16>(x2);
+    const float inv = warp_row_inv_rms(xr, hd, p.qn.eps);
+    warp_norm_rope_row(s_q + r * hd, xr, hd, inv, p.qn.w, p.qn.inv_freq, static_cast<float>(p.q_pos[t]));
+  }
+}
+
+// kNorm == 2: the new keys and values of KV head kvh go to the cache as kv_norm_write stores them (norm_rope.cu
+// kv_norm_rope_write_kernel: keys normed and rotated as q, values by a weightless norm), one warp per row, before the
+// block reads its keys. A block writes the new positions inside its own split of the range [lo, hi) (so every block
+// that reads a new row has written it itself first: a range holds each slot once), and block (0, 0) of the KV head
+// those outside the range, which no block reads; positions the cache cannot hold are skipped as kv_write skips them.
+template <int NW>
+__device__ __forceinline__ void write_new_kv_rows(const DecodeParams& p, int kvh, int64_t kb, int64_t ke, bool any,
+                                                  int64_t lo, int64_t hi) {
+  const int warp = threadIdx.x / kWarp, hd = p.head_dim, n_kv = static_cast<int>(gridDim.z);
+  const bool first = blockIdx.x == 0 && blockIdx.y == 0;
+  for (int item = warp; item < 2 * p.n_tok; item += NW) {
+    const int t = item / 2;
+    const bool is_v = item % 2 == 1;
+    const int64_t pos = p.q_pos[t];
+    const bool in_range = any && pos >= lo && pos < hi;
+    if (!(in_range ? pos >= kb && pos < ke : first)) continue;
+    if (pos < 0 || (!p.ring && pos >= p.capacity)) continue;
+    const int64_t slot = p.ring ? pos % p.capacity : pos;
+    const bf16* xr = (is_v ? p.kv_new.v : p.kv_new.k) + (static_cast<int64_t>(t) * n_kv + kvh) * hd;
+    const float inv = warp_row_inv_rms(xr, hd, p.kv_new.eps);
+    if (is_v) {
+      bf16* dst = p.kv_new.v_cache + kvh * p.v_stride_head + slot * p.v_stride_slot;
+      for (int i = threadIdx.x % kWarp; i < hd; i += kWarp) dst[i] = from_f32<bf16>(to_f32(xr[i]) * inv * 1.f);
+    } else {
+      bf16* dst = p.kv_new.k_cache + kvh * p.k_stride_head + slot * p.k_stride_slot;
+      warp_norm_rope_row(dst, xr, hd, inv, p.kv_new.k_norm, p.qn.inv_freq, static_cast<float>(pos));
     }
   }
 }
 
 // Grid (row chunk, split, KV head). mma fragment coordinates: gq = lane / 4, tq = lane % 4. In S^T (keys x rows) and
 // O^T (head dims x rows) a thread holds rows 8j + 2tq, 8j + 2tq + 1 of n-tile j.
-template <int NW, int NT, bool kQNorm>
+// kNorm: 0 = q as given; 1 = q normed in the block (norm_query_rows); 2 = that and the new keys and values normed into
+// the cache first (write_new_kv_rows).
+template <int NW, int NT, int kNorm>
 __global__ void __launch_bounds__(32 * NW, 1) attention_decode_kernel(DecodeParams p) {
+  constexpr bool kQNorm = kNorm >= 1;
   pdl_enter();
   using G = Geo<NW, NT>;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -203,6 +249,11 @@ __global__ void __launch_bounds__(32 * NW, 1) attention_decode_kernel(DecodePara
   per = (per + G::kTk - 1) / G::kTk * G::kTk;
   const int64_t kb = min(hi_all, lo_all + per * split), ke = min(hi_all, kb + per);
   const int n_tiles = static_cast<int>((ke - kb + G::kTk - 1) / G::kTk);
+  if constexpr (kNorm == 2) {
+    write_new_kv_rows<NW>(p, kvh, kb, ke, any, lo_all, hi_all);
+    __threadfence_block();
+    __syncthreads();  // the new rows are in the cache before any thread's copies read them
+  }
 
   // Stage `stage` <- keys [kb + tile TK, +TK) of K and V; keys past ke and head dims past hd are zero-filled, so
   // nothing outside the stored range is read and padded dims add nothing.
@@ -411,7 +462,7 @@ struct DecodeShape {
 
 // Opts the kernel in to its shared memory (over the 48 KB default) once per device, and returns how many of its
 // blocks an SM holds (for the split count; a heuristic, so one value serves every device).
-template <int NW, int NT, bool kQNorm>
+template <int NW, int NT, int kNorm>
 Result<int> prepare_kernel() {
   using G = Geo<NW, NT>;
   static std::atomic<uint64_t> prepared{0};  // bit d: device d done
@@ -420,10 +471,10 @@ Result<int> prepare_kernel() {
   TANDEM_CUDA_TRY(cudaGetDevice(&dev));
   const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t{1} << dev : 0;
   if (bit == 0 || (prepared.load(std::memory_order_acquire) & bit) == 0) {
-    TANDEM_CUDA_TRY(cudaFuncSetAttribute(attention_decode_kernel<NW, NT, kQNorm>,
+    TANDEM_CUDA_TRY(cudaFuncSetAttribute(attention_decode_kernel<NW, NT, kNorm>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(G::kSmem)));
     int n = 0;
-    TANDEM_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_kernel<NW, NT, kQNorm>,
+    TANDEM_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_kernel<NW, NT, kNorm>,
                                                                   G::kThreads, G::kSmem));
     blocks_per_sm.store(std::max(n, 1), std::memory_order_relaxed);
     prepared.fetch_or(bit, std::memory_order_release);
@@ -458,38 +509,39 @@ Splits choose_splits(const DecodeShape& s, int64_t head_dim, int blocks_per_sm, 
   return {static_cast<int>(target), static_cast<int>(std::clamp<int64_t>(needed, 1, target))};
 }
 
-template <int NW, int NT, bool kQNorm>
+template <int NW, int NT, int kNorm>
 Status launch_geo(DecodeParams p, const DecodeShape& s, const Scratch& scratch, cudaStream_t stream) {
   using G = Geo<NW, NT>;
   static_assert(G::kRows <= G::kStages * 2 * G::kTk, "kQNorm: the block's normed query rows fit in the K/V stages");
-  TANDEM_ASSIGN_OR_RETURN(const int blocks_per_sm, (prepare_kernel<NW, NT, kQNorm>()));
+  TANDEM_ASSIGN_OR_RETURN(const int blocks_per_sm, (prepare_kernel<NW, NT, kNorm>()));
   p.min_split_keys = min_split_keys();
   const Splits sp = choose_splits(s, p.head_dim, blocks_per_sm, p.min_split_keys, scratch);
   p.split_target = sp.target;
   p.n_splits = sp.launched;
   const dim3 grid(static_cast<unsigned>(s.n_chunks), static_cast<unsigned>(p.n_splits),
                   static_cast<unsigned>(s.n_kv));
-  launch_kernel(attention_decode_kernel<NW, NT, kQNorm>, grid, G::kThreads, G::kSmem, stream, p);
+  launch_kernel(attention_decode_kernel<NW, NT, kNorm>, grid, G::kThreads, G::kSmem, stream, p);
   TANDEM_CUDA_TRY_LAUNCH();
   if (p.n_splits == 1) return ok_status();
   return launch_attention_combine(p.out, DType::kBF16, p.partial, p.n_splits, s.rows_out, p.head_dim, stream);
 }
 
-template <int NW, bool kQNorm>
+template <int NW, int kNorm>
 Status launch_nt(const DecodeParams& p, int nt, const DecodeShape& s, const Scratch& scratch, cudaStream_t stream) {
   switch (nt) {
-    case 1: return launch_geo<NW, 1, kQNorm>(p, s, scratch, stream);
-    case 2: return launch_geo<NW, 2, kQNorm>(p, s, scratch, stream);
-    case 3: return launch_geo<NW, 3, kQNorm>(p, s, scratch, stream);
-    case 4: return launch_geo<NW, 4, kQNorm>(p, s, scratch, stream);
-    default: return launch_geo<NW, 5, kQNorm>(p, s, scratch, stream);
+    case 1: return launch_geo<NW, 1, kNorm>(p, s, scratch, stream);
+    case 2: return launch_geo<NW, 2, kNorm>(p, s, scratch, stream);
+    case 3: return launch_geo<NW, 3, kNorm>(p, s, scratch, stream);
+    case 4: return launch_geo<NW, 4, kNorm>(p, s, scratch, stream);
+    default: return launch_geo<NW, 5, kNorm>(p, s, scratch, stream);
   }
 }
 
 template <int NW>
 Status launch_nw(const DecodeParams& p, int nt, const DecodeShape& s, const Scratch& scratch, cudaStream_t stream) {
-  return p.qn.inv_freq != nullptr ? launch_nt<NW, true>(p, nt, s, scratch, stream)
-                                  : launch_nt<NW, false>(p, nt, s, scratch, stream);
+  if (p.kv_new.k != nullptr) return launch_nt<NW, 2>(p, nt, s, scratch, stream);
+  return p.qn.inv_freq != nullptr ? launch_nt<NW, 1>(p, nt, s, scratch, stream)
+                                  : launch_nt<NW, 0>(p, nt, s, scratch, stream);
 }
 
 }  // namespace
@@ -508,7 +560,7 @@ bool attention_decode_applies(const AttentionArgs& a) {
 }
 
 Status launch_attention_decode(const AttentionArgs& a, int64_t max_keys, const Scratch& scratch, cudaStream_t stream,
-                               const QNormIn* qn) {
+                               const QNormIn* qn, const KvNewIn* kv_new) {
   const int64_t n_tok = a.q.shape[0], n_heads = a.q.shape[1], head_dim = a.q.shape[2];
   const int64_t n_kv = a.kv.k.shape[0], group = n_heads / n_kv;
   DecodeParams p{};
@@ -535,6 +587,7 @@ Status launch_attention_decode(const AttentionArgs& a, int64_t max_keys, const S
   p.scale_log2 = a.scale * kLog2e;
   p.partial = static_cast<float*>(scratch.data);
   if (qn != nullptr) p.qn = *qn;
+  if (kv_new != nullptr) p.kv_new = *kv_new;
 
   // Query rows (n_tok x group) in chunks of at most kMaxChunkRows, as even as possible.
   const int64_t rows = n_tok * group;

@@ -121,6 +121,7 @@ Status CudaBackend::init() {
   set_per_layer_input_prefetch(!switched_off("TANDEM_PLI_PREFETCH"));
   set_attn_out_mlp_gemv(!switched_off("TANDEM_GEGLU_NORM"));
   q_norm_attention_on_ = !switched_off("TANDEM_ATTN_QNORM");
+  kv_norm_attention_on_ = !switched_off("TANDEM_ATTN_KVNORM");
   if (const char* mlp = std::getenv("TANDEM_FUSED_MLP")) set_fused_attn_out_mlp(std::string_view(mlp) == "1");
   if (const char* fit = std::getenv("TANDEM_GEMV_FIT")) {
     if (std::string_view(fit) == "0" || std::string_view(fit) == "1" || std::string_view(fit) == "2") {
@@ -690,9 +691,20 @@ void CudaBackend::q_norm_attention(const RmsNormArgs& q_norm, const AttentionArg
   attention_impl(a, &q_norm);
 }
 
+void CudaBackend::kv_norm_write_attention(const KvNormWriteArgs& w, const AttentionArgs& a) {
+  // The decode kernel writes the new keys and values itself where it takes the op (one launch fewer); otherwise the
+  // two ops.
+  if (!kv_norm_attention_on_ || !kv_norm_write_attention_fusable(w, a)) return Backend::kv_norm_write_attention(w, a);
+  expect_kv_write(w.write, index_, "kv_norm_write_attention");
+  expect_gpu(w.rope_inv_freq, index_, "kv_norm_write_attention", "rope_inv_freq");
+  for (const Tensor* t : {&w.k_norm, &w.q_norm})
+    if (!t->empty()) expect_gpu(*t, index_, "kv_norm_write_attention", "norm");
+  attention_impl(a, nullptr, &w);
+}
+
 void CudaBackend::attention(const AttentionArgs& a) { attention_impl(a, nullptr); }
 
-void CudaBackend::attention_impl(const AttentionArgs& a, const RmsNormArgs* q_norm) {
+void CudaBackend::attention_impl(const AttentionArgs& a, const RmsNormArgs* q_norm, const KvNormWriteArgs* kv_norm) {
   expect_gpu(a.out, index_, "attention", "out");
   expect_gpu(a.q, index_, "attention", "q");
   expect_gpu(a.q_pos, index_, "attention", "q_pos");
@@ -721,9 +733,17 @@ void CudaBackend::attention_impl(const AttentionArgs& a, const RmsNormArgs* q_no
   }
   if (!activate()) return;
   const int pt = prof_.begin(cuda_stream(current_));
-  record(q_norm != nullptr ? launch_q_norm_attention(*q_norm, a, scratch(), cuda_stream(current_))
-                           : launch_attention(a, scratch(), cuda_stream(current_)));
-  if (pt >= 0) prof_.end(pt, cuda_stream(current_), (q_norm != nullptr ? "q norm + " : "") + attention_label(a));
+  const cudaStream_t stream = cuda_stream(current_);
+  if (kv_norm != nullptr) {
+    record(launch_kv_norm_write_attention(*kv_norm, a, scratch(), stream));
+  } else if (q_norm != nullptr) {
+    record(launch_q_norm_attention(*q_norm, a, scratch(), stream));
+  } else {
+    record(launch_attention(a, scratch(), stream));
+  }
+  if (pt >= 0)
+    prof_.end(pt, stream,
+              (kv_norm != nullptr ? "q, k, v norms + " : (q_norm != nullptr ? "q norm + " : "")) + attention_label(a));
 }
 
 void CudaBackend::centroid_candidates(const CentroidCandidatesArgs& a) {

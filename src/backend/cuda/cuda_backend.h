@@ -65,6 +65,7 @@ class CudaBackend final : public Backend {
   void kv_write(const KvWriteArgs& a) override;
   void attention(const AttentionArgs& a) override;
   void q_norm_attention(const RmsNormArgs& q_norm, const AttentionArgs& a) override;
+  void kv_norm_write_attention(const KvNormWriteArgs& w, const AttentionArgs& a) override;
   void gelu_mul(const GeluMulArgs& a) override;
   void add(const AddArgs& a) override;
   void scale(const ScaleArgs& a) override;
@@ -110,7 +111,7 @@ class CudaBackend final : public Backend {
   // Keeps the first failure until it is reported.
   void record(Status s);
   // attention, with the queries normed first inside the decode kernel when q_norm is given (q_norm_attention).
-  void attention_impl(const AttentionArgs& a, const RmsNormArgs* q_norm);
+  void attention_impl(const AttentionArgs& a, const RmsNormArgs* q_norm, const KvNormWriteArgs* kv_norm = nullptr);
   // attn_out_mlp as the o product and gemv.cu's GeGLU-with-norms and down launches, or the composite.
   void attn_out_mlp_gemv_path(const AttnOutMlpArgs& a);
   // rms_norm's argument checks (also for each stage of rms_norm_seq).
@@ -132,6 +133,7 @@ class CudaBackend final : public Backend {
   Status pending_;
   bool capturing_ = false;                 // inside capture(): ops skip cudaSetDevice
   bool q_norm_attention_on_ = true;        // TANDEM_ATTN_QNORM=0: q_norm_attention runs its two ops
+  bool kv_norm_attention_on_ = true;       // TANDEM_ATTN_KVNORM=0: kv_norm_write_attention runs its two ops
   int fused_gemv_rows_ = 2;                // see set_fused_gemv_rows
   bool concurrent_streams_ = true;         // TANDEM_BRANCHES
   std::vector<cudaGraphExec_t> graphs_;    // by GraphId; released slots are null

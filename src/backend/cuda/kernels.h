@@ -80,6 +80,12 @@ Status launch_attention(const AttentionArgs& a, const Scratch& scratch, cudaStre
 bool q_norm_attention_fusable(const RmsNormArgs& qn, const AttentionArgs& a);
 Status launch_q_norm_attention(const RmsNormArgs& qn, const AttentionArgs& a, const Scratch& scratch,
                                cudaStream_t stream);
+// kv_norm_write_attention (Backend) in one launch of the decode kernel, which also norms the new keys and values into
+// the cache itself before reading it, with kv_norm_write's bits: the q_norm_attention shapes (w.q with its norm),
+// the new rows bf16 [n_tok, n_kv, head_dim] at the query positions, written into the attention's own storage.
+bool kv_norm_write_attention_fusable(const KvNormWriteArgs& w, const AttentionArgs& a);
+Status launch_kv_norm_write_attention(const KvNormWriteArgs& w, const AttentionArgs& a, const Scratch& scratch,
+                                      cudaStream_t stream);
 
 // moe.cu (moe_experts, grouped by expert, keeps its grouping tables and its f32 intermediates h [pairs, d_ff] and
 // y [pairs, d_model] in the scratch, in token chunks when they do not fit; launch sizes depend on n_tokens and k
