@@ -328,12 +328,12 @@ Status launch_q_norm_attention(const RmsNormArgs& qn, const AttentionArgs& a, co
 }
 
 bool kv_norm_write_attention_fusable(const KvNormWriteArgs& w, const AttentionArgs& a) {
-  const RmsNormArgs qn{.out = w.q,
-                       .x = w.q,
-                       .weight = w.q_norm,
-                       .eps = w.eps,
-                       .rope_pos = w.write.pos,
-                       .rope_inv_freq = w.rope_inv_freq};
+  RmsNormArgs qn;  // the q norm kv_norm_write applies
+  qn.out = qn.x = w.q;
+  qn.weight = w.q_norm;
+  qn.eps = w.eps;
+  qn.rope_pos = w.write.pos;
+  qn.rope_inv_freq = w.rope_inv_freq;
   if (w.q.empty() || !q_norm_attention_fusable(qn, a)) return false;
   const KvWriteArgs& kw = w.write;
   const KvView &wv = kw.kv, &av = a.kv;
