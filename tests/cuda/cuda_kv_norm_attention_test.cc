@@ -23,7 +23,25 @@ constexpr DType kBF16 = DType::kBF16;
 constexpr DType kF32 = DType::kF32;
 constexpr DType kI32 = DType::kI32;
 
-using CudaKvNormAttention = CudaTest;
+// The fused paths are off by default: each test turns both on and restores the setting.
+class CudaKvNormAttention : public CudaTest {
+ protected:
+  void SetUp() override {
+    CudaTest::SetUp();
+    if (IsSkipped()) return;  // no GPU: there is no backend to set up
+    set_ = true;
+    q_was_ = be().q_norm_in_attention();
+    kv_was_ = be().kv_norm_in_attention();
+    be().set_attention_norms(true, true);
+  }
+  void TearDown() override {
+    if (set_) be().set_attention_norms(q_was_, kv_was_);
+    CudaTest::TearDown();
+  }
+
+ private:
+  bool set_ = false, q_was_ = false, kv_was_ = false;
+};
 
 struct Shape {
   int64_t n_tok, n_heads, n_kv, head_dim, capacity, window, end;

@@ -119,9 +119,13 @@ Status CudaBackend::init() {
   set_norm_regs(!switched_off("TANDEM_NORM_REGS"));
   set_keep_norm_weights(!switched_off("TANDEM_L2_KEEP"));
   set_per_layer_input_prefetch(!switched_off("TANDEM_PLI_PREFETCH"));
-  set_attn_out_mlp_gemv(!switched_off("TANDEM_GEGLU_NORM"));
-  q_norm_attention_on_ = !switched_off("TANDEM_ATTN_QNORM");
-  kv_norm_attention_on_ = !switched_off("TANDEM_ATTN_KVNORM");
+  // Off until measured on a GPU (bench/RESULTS.md): "1" turns them on.
+  auto switched_on = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr && std::string_view(v) == "1";
+  };
+  set_attn_out_mlp_gemv(switched_on("TANDEM_GEGLU_NORM"));
+  set_attention_norms(switched_on("TANDEM_ATTN_QNORM"), switched_on("TANDEM_ATTN_KVNORM"));
   if (const char* mlp = std::getenv("TANDEM_FUSED_MLP")) set_fused_attn_out_mlp(std::string_view(mlp) == "1");
   if (const char* fit = std::getenv("TANDEM_GEMV_FIT")) {
     if (std::string_view(fit) == "0" || std::string_view(fit) == "1" || std::string_view(fit) == "2") {

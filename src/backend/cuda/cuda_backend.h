@@ -100,6 +100,14 @@ class CudaBackend final : public Backend {
     fused_gemv_rows_ = rows < 0 ? 0 : (rows > kMaxFusedGemvRows ? kMaxFusedGemvRows : rows);
   }
   [[nodiscard]] int fused_gemv_rows() const { return fused_gemv_rows_; }
+  // Whether q_norm_attention and kv_norm_write_attention run their norms (and cache write) inside the decode
+  // attention kernel. Off by default until measured on a GPU; TANDEM_ATTN_QNORM=1 / TANDEM_ATTN_KVNORM=1 turn them on.
+  void set_attention_norms(bool q, bool kv) {
+    q_norm_attention_on_ = q;
+    kv_norm_attention_on_ = kv;
+  }
+  [[nodiscard]] bool q_norm_in_attention() const { return q_norm_attention_on_; }
+  [[nodiscard]] bool kv_norm_in_attention() const { return kv_norm_attention_on_; }
   [[nodiscard]] const cudaDeviceProp& properties() const { return props_; }
 
  private:
@@ -132,8 +140,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Gemm> gemm_;
   Status pending_;
   bool capturing_ = false;                 // inside capture(): ops skip cudaSetDevice
-  bool q_norm_attention_on_ = true;        // TANDEM_ATTN_QNORM=0: q_norm_attention runs its two ops
-  bool kv_norm_attention_on_ = true;       // TANDEM_ATTN_KVNORM=0: kv_norm_write_attention runs its two ops
+  bool q_norm_attention_on_ = false;       // see set_attention_norms
+  bool kv_norm_attention_on_ = false;
   int fused_gemv_rows_ = 2;                // see set_fused_gemv_rows
   bool concurrent_streams_ = true;         // TANDEM_BRANCHES
   std::vector<cudaGraphExec_t> graphs_;    // by GraphId; released slots are null

@@ -12,8 +12,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
@@ -306,14 +304,6 @@ Status launch_rows(GemvSegs segs, const LinearArgs& a, const void* w2, int sm_co
     return ok_status();
   };
   const int64_t want_blocks = 4 * static_cast<int64_t>(sm_count > 0 ? sm_count : 132);
-  if constexpr (M == 2 && T == 1) {
-    // EXPERIMENT: the norm-computing GeGLU launch with 8 rows per block (fewer blocks re-reading o and x).
-    static const bool wide = [] {
-      const char* e = std::getenv("TANDEM_GEGLU_NORM_ROWS");
-      return e != nullptr && std::string_view(e) == "8";
-    }();
-    if (wide && ex.norm.o != nullptr && n_out / 8 >= 1) return go(std::integral_constant<int, 8>{});
-  }
   if (kMaxR >= 8 && n_out / 8 >= want_blocks) return go(std::integral_constant<int, kMaxR>{});
   if (kMaxR >= 4 && n_out / 4 >= want_blocks) return go(std::integral_constant<int, (kMaxR >= 4 ? 4 : kMaxR)>{});
   if (kMaxR >= 2 && n_out / 2 >= want_blocks) return go(std::integral_constant<int, 2>{});
@@ -448,7 +438,7 @@ Status launch_linear_gelu_mul_gemv(const LinearGeluMulArgs& a, int sm_count, cud
 
 namespace {
 std::atomic<bool>& geglu_norm_flag() {
-  static std::atomic<bool> on{true};
+  static std::atomic<bool> on{false};
   return on;
 }
 bool plain_bf16(const Tensor& t) { return t.dtype == DType::kBF16 && t.is_contiguous() && aligned16(t.data); }

@@ -128,8 +128,8 @@ Status launch_linear_gelu_mul_gemv(const LinearGeluMulArgs& a, int sm_count, cud
 // attn_out_mlp in three GEMV launches (the o product, the GeGLU products with both norms computed in every block, the
 // down product), bit-identical to the composite op when its products run on the GEMV: 1..max_rows bf16 rows, d
 // whose norm block is the GEMV's one-pass block (E2B, E4B), plain norm weights, the down product on the GEMV (the
-// caller checks that path; this launches the GeGLU and down products, the o product is the caller's). On unless
-// TANDEM_GEGLU_NORM=0.
+// caller checks that path; this launches the GeGLU and down products, the o product is the caller's). Off until
+// measured on a GPU; TANDEM_GEGLU_NORM=1 turns it on.
 void set_attn_out_mlp_gemv(bool on);
 bool attn_out_mlp_gemv();
 bool attn_out_mlp_gemv_eligible(const AttnOutMlpArgs& a, int max_rows);

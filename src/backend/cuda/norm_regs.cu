@@ -6,10 +6,9 @@
 //  - requests every stage's weight before the wait for the kernel before (no kernel writes a weight);
 //  - loads, right after that wait and all at once, every x and residual that no earlier stage writes;
 //  - takes an earlier stage's out from its registers, as it stored it (rounded to bf16).
-// One block reduction per stage remains (none for a stage whose x an earlier stage already reduced). Element ownership,
-// the sum of squares (this thread's 8 squares in order, then block_sum over the same block size) and the output math
-// (norm_out) are rms_norm_row's when one pass of the block covers the row, so the bits are the same
-// (CudaFusedNorm.RegisterPathEqualsPlainKernelsBitwise).
+// One block reduction per stage remains. Element ownership, the sum of squares (this thread's 8 squares in order,
+// then block_sum over the same block size) and the output math (norm_out) are rms_norm_row's when one pass of the
+// block covers the row, so the bits are the same (CudaFusedNorm.RegisterPathEqualsPlainKernelsBitwise).
 #include <cuda_bf16.h>
 
 #include <atomic>
@@ -57,7 +56,6 @@ __global__ void __launch_bounds__(kNormRegThreads) rms_norm_regs_kernel(const No
   pdl_enter();
   const uint4 zero = make_uint4(0, 0, 0, 0);
   uint4 in_x[N], in_r[N], out[N];
-  float ss[N];
 #pragma unroll
   for (int s = 0; s < N; ++s) {
     const NormJob& j = jobs.j[s];
@@ -78,17 +76,7 @@ __global__ void __launch_bounds__(kNormRegThreads) rms_norm_regs_kernel(const No
     float v[8], rv[8];
     unpack8(xr, v);
     unpack8(rr, rv);
-    // A stage whose x is an earlier stage's x (26B-A4B's pre-FFN, router and expert norms of the updated residual)
-    // takes that stage's sum of squares: the same value, one block reduction fewer.
-    int same_x = -1;
-#pragma unroll
-    for (int k = 0; k < s; ++k)
-      if (jobs.j[k].x_src == j.x_src && (j.x_src >= 0 || jobs.j[k].x == j.x)) same_x = k;
-    if (same_x < 0) ss[s] = block_sum(add_squares<8>(v, 0.f));
-#pragma unroll
-    for (int k = 0; k < s; ++k)
-      if (same_x == k) ss[s] = ss[k];
-    const float inv = inv_rms_of(ss[s], dim, j.eps);
+    const float inv = inv_rms_of(block_sum(add_squares<8>(v, 0.f)), dim, j.eps);
     norm_out<bf16, 8>(v, inv, w[s], j.e.residual != nullptr ? rv : nullptr, j.e.out_scale);
     out[s] = pack8(v);
     if (active) *reinterpret_cast<uint4*>(static_cast<bf16*>(j.out) + at) = out[s];
