@@ -6,9 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <random>
 #include <vector>
 
@@ -23,25 +21,7 @@ constexpr DType kBF16 = DType::kBF16;
 constexpr DType kF32 = DType::kF32;
 constexpr DType kI32 = DType::kI32;
 
-// The fused paths are off by default: each test turns both on and restores the setting.
-class CudaKvNormAttention : public CudaTest {
- protected:
-  void SetUp() override {
-    CudaTest::SetUp();
-    if (IsSkipped()) return;  // no GPU: there is no backend to set up
-    set_ = true;
-    q_was_ = be().q_norm_in_attention();
-    kv_was_ = be().kv_norm_in_attention();
-    be().set_attention_norms(true, true);
-  }
-  void TearDown() override {
-    if (set_) be().set_attention_norms(q_was_, kv_was_);
-    CudaTest::TearDown();
-  }
-
- private:
-  bool set_ = false, q_was_ = false, kv_was_ = false;
-};
+using CudaKvNormAttention = CudaAttentionNormsTest;
 
 struct Shape {
   int64_t n_tok, n_heads, n_kv, head_dim, capacity, window, end;
@@ -82,9 +62,7 @@ struct Step {
     std::mt19937 rng(seed + 5);
     q_norm.host().fill_uniform(rng, 0.5f, 1.5f);
     k_norm.host().fill_uniform(rng, 0.5f, 1.5f);
-    const int64_t half = s.head_dim / 2, rotated = static_cast<int64_t>(std::lround(s.rotary * half));
-    for (int64_t j = 0; j < half; ++j)
-      inv_freq.host().set(j, j < rotated ? static_cast<float>(std::pow(10000.0, -2.0 * j / s.head_dim)) : 0.f);
+    fill_inv_freq(inv_freq.host(), s.head_dim, s.rotary);
     for (DeviceTensor* t : {&k0, &v0, &q_norm, &k_norm, &inv_freq}) t->upload();
     set_end(s.end);
   }

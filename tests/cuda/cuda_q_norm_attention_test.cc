@@ -5,7 +5,6 @@
 // replayed at other cache lengths. Shapes the kernel does not take run the composite.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstdint>
 #include <random>
 
@@ -20,25 +19,7 @@ constexpr DType kBF16 = DType::kBF16;
 constexpr DType kF32 = DType::kF32;
 constexpr DType kI32 = DType::kI32;
 
-// The fused paths are off by default: each test turns both on and restores the setting.
-class CudaQNormAttention : public CudaTest {
- protected:
-  void SetUp() override {
-    CudaTest::SetUp();
-    if (IsSkipped()) return;  // no GPU: there is no backend to set up
-    set_ = true;
-    q_was_ = be().q_norm_in_attention();
-    kv_was_ = be().kv_norm_in_attention();
-    be().set_attention_norms(true, true);
-  }
-  void TearDown() override {
-    if (set_) be().set_attention_norms(q_was_, kv_was_);
-    CudaTest::TearDown();
-  }
-
- private:
-  bool set_ = false, q_was_ = false, kv_was_ = false;
-};
+using CudaQNormAttention = CudaAttentionNormsTest;
 
 struct Shape {
   int64_t n_tok, n_heads, n_kv, head_dim, capacity, window, end;
@@ -62,9 +43,7 @@ struct Case {
     fill_random(v.host(), seed + 2);
     std::mt19937 rng(seed + 3);
     w.host().fill_uniform(rng, 0.5f, 1.5f);
-    const int64_t half = s.head_dim / 2, rotated = static_cast<int64_t>(std::lround(s.rotary * half));
-    for (int64_t j = 0; j < half; ++j)
-      inv_freq.host().set(j, j < rotated ? static_cast<float>(std::pow(10000.0, -2.0 * j / s.head_dim)) : 0.f);
+    fill_inv_freq(inv_freq.host(), s.head_dim, s.rotary);
     for (DeviceTensor* t : {&q, &k, &v, &w, &inv_freq}) t->upload();
     set_end(s.end);
   }

@@ -114,14 +114,8 @@ __device__ __forceinline__ void warp_norm_rope_row(bf16* dst, const bf16* xr, in
                                                    const float* inv_freq, float pos) {
   const int half = hd / 2;
   for (int j = threadIdx.x % kWarp; j < half; j += kWarp) {
-    float x1 = round_as<bf16>(to_f32(xr[j]) * inv * weight_at(w, j));
-    float x2 = round_as<bf16>(to_f32(xr[j + half]) * inv * weight_at(w, j + half));
-    const float f = inv_freq[j];
-    if (f != 0.f) {  // a zero frequency (proportional RoPE) keeps the normed pair as it is
-      float sn, cs;
-      sincosf(pos * f, &sn, &cs);
-      rope_pair<bf16>(x1, x2, cs, sn);
-    }
+    float x1 = to_f32(xr[j]), x2 = to_f32(xr[j + half]);
+    norm_rope_pair<bf16>(x1, x2, inv, weight_at(w, j), weight_at(w, j + half), inv_freq[j], pos);
     dst[j] = from_f32<bf16>(x1);
     dst[j + half] = from_f32<bf16>(x2);
   }

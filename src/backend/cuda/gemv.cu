@@ -78,17 +78,12 @@ __device__ __forceinline__ void norm_x_chunks(const GemvNormIn& in, int64_t c, i
   }
 #pragma unroll
   for (int t = 0; t < T; ++t) {
-    const float inv = inv_rms_of(block_sum(add_squares<8>(ov[t], 0.f)), d, in.eps);
-    norm_out<bf16, 8>(ov[t], inv, w_post, rv[t], 1.f);
-    float x1[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) x1[j] = round_as<bf16>(ov[t][j]);
+    float x1[8], xn[8];
+    residual_norm_then_norm(ov[t], rv[t], w_post, w_pre, d, in.eps, static_cast<int>(blockDim.x) / kWarp, x1, xn);
     if (blockIdx.x == 0 && c < chunks) store_vec<bf16, 8>(in.x1 + t * d + 8 * c, x1);
-    const float inv2 = inv_rms_of(block_sum(add_squares<8>(x1, 0.f)), d, in.eps);
-    norm_out<bf16, 8>(x1, inv2, w_pre, nullptr, 1.f);
     bf16* xe = reinterpret_cast<bf16*>(&xc[t]);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) xe[j] = from_f32<bf16>(x1[j]);
+    for (int j = 0; j < 8; ++j) xe[j] = from_f32<bf16>(xn[j]);
   }
 }
 
@@ -441,7 +436,6 @@ std::atomic<bool>& geglu_norm_flag() {
   static std::atomic<bool> on{false};
   return on;
 }
-bool plain_bf16(const Tensor& t) { return t.dtype == DType::kBF16 && t.is_contiguous() && aligned16(t.data); }
 }  // namespace
 
 void set_attn_out_mlp_gemv(bool on) { geglu_norm_flag().store(on, std::memory_order_relaxed); }

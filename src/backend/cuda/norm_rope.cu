@@ -263,14 +263,9 @@ __device__ __forceinline__ void norm_rope_row(T* dst, const T* xr, float inv, co
                                               const float* inv_freq, int64_t half, const RopePair& mine) {
   for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
     const bool own = j == threadIdx.x;
-    float x1 = round_as<T>((own ? mine.x1 : to_f32(xr[j])) * inv * (own ? mine.w1 : weight_at(w, j)));
-    float x2 = round_as<T>((own ? mine.x2 : to_f32(xr[j + half])) * inv * (own ? mine.w2 : weight_at(w, j + half)));
-    const float f = own ? mine.f : inv_freq[j];
-    if (f != 0.f) {  // a zero frequency (proportional RoPE) keeps the normed pair as it is
-      float s, c;
-      sincosf(pos * f, &s, &c);
-      rope_pair<T>(x1, x2, c, s);
-    }
+    float x1 = own ? mine.x1 : to_f32(xr[j]), x2 = own ? mine.x2 : to_f32(xr[j + half]);
+    norm_rope_pair<T>(x1, x2, inv, own ? mine.w1 : weight_at(w, j), own ? mine.w2 : weight_at(w, j + half),
+                      own ? mine.f : inv_freq[j], pos);
     dst[j] = from_f32<T>(x1);
     dst[j + half] = from_f32<T>(x2);
   }
