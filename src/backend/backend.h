@@ -113,20 +113,6 @@ class Backend : public Allocator {
     linear({.out = a.out, .x = a.x, .w = a.w});
     gelu_mul({.out = a.out, .gate = a.out, .up = a.up});
   }
-  // Composite op: q_norm (an rms_norm of the queries in place, with RoPE), then attention(a) over the normed q; a
-  // backend may norm the queries inside the attention kernel (CUDA's decode kernel), with the same bits. q is scratch
-  // afterwards: normed in place or left as it was.
-  virtual void q_norm_attention(const RmsNormArgs& q_norm, const AttentionArgs& a) {
-    rms_norm(q_norm);
-    attention(a);
-  }
-  // Composite op: kv_norm_write(w) (with its q norm), then attention(a) over the cache it wrote; a backend may do the
-  // writes and the norms inside the attention kernel (CUDA's decode kernel), with the same bits in the output and the
-  // cache. q, k_new and v_new are scratch afterwards.
-  virtual void kv_norm_write_attention(const KvNormWriteArgs& w, const AttentionArgs& a) {
-    kv_norm_write(w);
-    attention(a);
-  }
   // Composite op: rms_norm(a), then rms_norm(next) of its result (next.x is a.out), e.g. a layer's residual norm
   // and the next block's input norm; a backend may run both in one pass (CUDA), with the same bits.
   virtual void rms_norm_then(const RmsNormArgs& a, const RmsNormArgs& next) {

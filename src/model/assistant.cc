@@ -211,22 +211,22 @@ Status Gemma4Assistant::run_step(const DraftStepArgs& a) {
     const Tensor inv_freq = rope_.for_layer(ls.attn, ls.head_dim);
     const Tensor q = ws.q.view(act, {1, nh, hd});
     backend_.linear({.out = q.reshape({1, nh * hd}), .x = zn, .w = lw.attn.q_proj});
-    // q = RoPE(q_norm(q)), then attention over the target's cache: the query at Pq = P sees target keys [0, P):
-    // all of them on the full layer, the newest W+1 on sliding layers (drafter_sliding_window). One launch on CUDA.
+    backend_.rms_norm(  // q = RoPE(q_norm(q)), one op (ops.h)
+        {.out = q, .x = q, .weight = lw.attn.q_norm, .eps = tc.rms_eps, .rope_pos = pos, .rope_inv_freq = inv_freq});
+    // The query at Pq = P sees target keys [0, P): all of them on the full layer, the newest W+1 on sliding
+    // layers (drafter_sliding_window).
     const int src = target_.text().shared_kv_layer(ls.attn);
     const Tensor attn = ws.attn.view(act, {1, nh, hd});
-    backend_.q_norm_attention(
-        {.out = q, .x = q, .weight = lw.attn.q_norm, .eps = tc.rms_eps, .rope_pos = pos, .rope_inv_freq = inv_freq},
-        {.out = attn,
-         .q = q,
-         .kv = a.cache->view(src, a.kv_end),
-         .q_pos = pos,
-         .kv_end = ws.kv_end.view(DType::kI32, {1}),
-         .window = ls.attn == AttnType::kSliding ? drafter_sliding_window(ls.window) : 0,
-         .causal = true,
-         .scale = 1.f});
+    backend_.attention({.out = attn,
+                        .q = q,
+                        .kv = a.cache->view(src, a.kv_end),
+                        .q_pos = pos,
+                        .kv_end = ws.kv_end.view(DType::kI32, {1}),
+                        .window = ls.attn == AttnType::kSliding ? drafter_sliding_window(ls.window) : 0,
+                        .causal = true,
+                        .scale = 1.f});
     // z = z + norm(o_proj(attn)), then the GeGLU MLP of pre_ffn_norm(z) into f, as one composite op (ops.h
-    // AttnOutMlpArgs; three launches on CUDA).
+    // AttnOutMlpArgs; four launches on CUDA: the o product, both norms in one, the GeGLU and the down product).
     const Tensor gate = ws.gate.view(act, {1, ls.d_ff});
     const Tensor up = ws.up.view(act, {1, ls.d_ff});
     backend_.attn_out_mlp({.attn = attn.reshape({1, nh * hd}),

@@ -379,20 +379,31 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
     }
   }
   backend_.linear_group(qkv);
-  // q = RoPE(q_norm(q)) in one op (ops.h: the same bits as rms_norm then rope); for a single sequence, with the
-  // attention below (kv_norm_write_attention when the layer writes the cache, else q_norm_attention; one launch each
-  // on CUDA).
+  // q = RoPE(q_norm(q)) in one op (ops.h: the same bits as rms_norm then rope); in kv_norm_write below when the
+  // layer writes the cache of a single sequence.
   const bool fused_qkv_norms = ls.owns_kv && batch.size() == 1;
-  const bool q_norm_with_attention = !ls.owns_kv && batch.size() == 1;
-  const RmsNormArgs q_norm{
-      .out = q, .x = q, .weight = lw.attn.q_norm, .eps = tc.rms_eps, .rope_pos = pos, .rope_inv_freq = inv_freq};
-  if (!fused_qkv_norms && !q_norm_with_attention) backend_.rms_norm(q_norm);
+  if (!fused_qkv_norms)
+    backend_.rms_norm(
+        {.out = q, .x = q, .weight = lw.attn.q_norm, .eps = tc.rms_eps, .rope_pos = pos, .rope_inv_freq = inv_freq});
   if (ls.owns_kv) {
     if (ls.k_eq_v) {
       // K=V layers: values are the raw k_proj output, copied before k_norm/RoPE (spec §1.6, item 7 of §6).
       TANDEM_TRY(backend_.copy(v.data, k.data, k.nbytes(), CopyKind::kDeviceToDevice));
     }
-    if (!fused_qkv_norms) {
+    if (fused_qkv_norms) {
+      // q and k = RoPE(norm(.)), v = v_norm(v) and the cache write in one op (one launch on CUDA).
+      const SequenceInput& in = batch[0];
+      const int64_t n = static_cast<int64_t>(in.tokens.size());
+      backend_.kv_norm_write({.write = {.kv = in.cache->view(i, in.cache->length() + n),
+                                        .k_new = k.slice(0, n),
+                                        .v_new = v.slice(0, n),
+                                        .pos = pos.slice(0, n)},
+                              .k_norm = lw.attn.k_norm,
+                              .rope_inv_freq = inv_freq,
+                              .eps = tc.rms_eps,
+                              .q = q.slice(0, n),
+                              .q_norm = lw.attn.q_norm});
+    } else {
       backend_.rms_norm(
           {.out = k, .x = k, .weight = lw.attn.k_norm, .eps = tc.rms_eps, .rope_pos = pos, .rope_inv_freq = inv_freq});
       backend_.rms_norm({.out = v, .x = v, .weight = Tensor(), .eps = tc.rms_eps});  // weightless v_norm
@@ -412,31 +423,14 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
   for (const SequenceInput& in : batch) {
     const int64_t n = static_cast<int64_t>(in.tokens.size());
     // Scale 1.0: q_norm/k_norm replace 1/sqrt(d) (spec §1.6). Sliding layers: q - W < k <= q (spec §1.8).
-    const AttentionArgs att{.out = attn.slice(r, r + n),
-                            .q = q.slice(r, r + n),
-                            .kv = in.cache->attention_view(i, in.cache->length() + n),
-                            .q_pos = pos.slice(r, r + n),
-                            .kv_end = batch.size() == 1 ? ws.kv_end.view(DType::kI32, {1}) : Tensor(),
-                            .window = ls.attn == AttnType::kSliding ? ls.window : 0,
-                            .causal = true,
-                            .scale = 1.f};
-    if (fused_qkv_norms) {
-      // q and k = RoPE(norm(.)), v = v_norm(v), the cache write and the attention in one op (one launch on CUDA).
-      backend_.kv_norm_write_attention({.write = {.kv = in.cache->view(i, in.cache->length() + n),
-                                                  .k_new = k.slice(0, n),
-                                                  .v_new = v.slice(0, n),
-                                                  .pos = pos.slice(0, n)},
-                                        .k_norm = lw.attn.k_norm,
-                                        .rope_inv_freq = inv_freq,
-                                        .eps = tc.rms_eps,
-                                        .q = q.slice(0, n),
-                                        .q_norm = lw.attn.q_norm},
-                                       att);
-    } else if (q_norm_with_attention) {
-      backend_.q_norm_attention(q_norm, att);
-    } else {
-      backend_.attention(att);
-    }
+    backend_.attention({.out = attn.slice(r, r + n),
+                        .q = q.slice(r, r + n),
+                        .kv = in.cache->attention_view(i, in.cache->length() + n),
+                        .q_pos = pos.slice(r, r + n),
+                        .kv_end = batch.size() == 1 ? ws.kv_end.view(DType::kI32, {1}) : Tensor(),
+                        .window = ls.attn == AttnType::kSliding ? ls.window : 0,
+                        .causal = true,
+                        .scale = 1.f});
     r += n;
   }
   const Tensor o = ws.o.view(act, {rows, d});

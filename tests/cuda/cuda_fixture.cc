@@ -133,26 +133,4 @@ void fill_random(HostTensor& t, uint32_t seed) {
   t.fill_uniform(rng, -1.f, 1.f);
 }
 
-void CudaAttentionNormsTest::SetUp() {
-  CudaTest::SetUp();
-  if (IsSkipped()) return;  // no GPU: there is no backend to set up
-  set_ = true;
-  q_was_ = be().q_norm_in_attention();
-  kv_was_ = be().kv_norm_in_attention();
-  be().set_attention_norms(true, true);
-}
-
-void CudaAttentionNormsTest::TearDown() {
-  if (set_) be().set_attention_norms(q_was_, kv_was_);
-  CudaTest::TearDown();
-}
-
-void fill_inv_freq(HostTensor& inv_freq, int64_t head_dim, double rotary) {
-  const int64_t half = head_dim / 2, rotated = static_cast<int64_t>(std::lround(rotary * static_cast<double>(half)));
-  for (int64_t j = 0; j < half; ++j)
-    inv_freq.set(j, j < rotated ? static_cast<float>(
-                                      std::pow(10000.0, -2.0 * static_cast<double>(j) / static_cast<double>(head_dim)))
-                                : 0.f);
-}
-
 }  // namespace tandem::testing

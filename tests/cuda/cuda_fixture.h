@@ -83,19 +83,4 @@ struct GemvOn {
   cuda::GemvMode mode;
 };
 
-// CudaTest with the decode attention kernel's own norms on (CudaBackend::set_attention_norms, off by default), for the
-// tests of q_norm_attention and kv_norm_write_attention; the setting is restored after each test.
-class CudaAttentionNormsTest : public CudaTest {
- protected:
-  void SetUp() override;
-  void TearDown() override;
-
- private:
-  bool set_ = false, q_was_ = false, kv_was_ = false;
-};
-
-// RoPE inverse frequencies [head_dim / 2] (f32): theta 10000 for the first `rotary` share of the pairs, 0 for the
-// rest (proportional RoPE, whose zero-frequency pairs stay as they are).
-void fill_inv_freq(HostTensor& inv_freq, int64_t head_dim, double rotary);
-
 }  // namespace tandem::testing

@@ -296,76 +296,7 @@ int choose_splits(int64_t rows, int64_t max_keys, int64_t head_dim, const Scratc
   return static_cast<int>(std::clamp<int64_t>(splits, 1, 64));
 }
 
-// Launch sizing (split-K): the host range, or inside a graph capture with kv_end the largest range a replay may see
-// (the capacity); the kernels take their range at run time either way.
-Result<int64_t> launch_max_keys(const AttentionArgs& a, cudaStream_t stream) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  TANDEM_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
-  return !a.kv_end.empty() && capture != cudaStreamCaptureStatusNone ? a.kv.capacity() : a.kv.end - a.kv.begin;
-}
-
 }  // namespace
-
-bool q_norm_attention_fusable(const RmsNormArgs& qn, const AttentionArgs& a) {
-  if (!attention_decode_applies(a) || a.q.ndim != 3) return false;
-  const int64_t hd = a.q.shape[2];
-  // q normed in place with RoPE at the query positions, bf16, the weight and frequencies of a head row.
-  return qn.x.data == a.q.data && qn.out.data == a.q.data && qn.x.dtype == DType::kBF16 &&
-         qn.out.dtype == DType::kBF16 && qn.x.numel() == a.q.numel() && qn.x.dim(-1) == hd && qn.residual.empty() &&
-         qn.out_scale == 1.f && plain_weight(qn.weight) && (qn.weight.empty() || qn.weight.numel() == hd) &&
-         qn.rope_pos.data == a.q_pos.data && qn.rope_pos.numel() == a.q_pos.numel() &&
-         qn.rope_inv_freq.dtype == DType::kF32 && qn.rope_inv_freq.numel() == hd / 2 && hd % 2 == 0;
-}
-
-Status launch_q_norm_attention(const RmsNormArgs& qn, const AttentionArgs& a, const Scratch& scratch,
-                               cudaStream_t stream) {
-  if (!q_norm_attention_fusable(qn, a)) return internal_error("cuda q_norm_attention: arguments it does not fuse");
-  if (a.q.shape[0] * a.q.shape[1] == 0) return ok_status();
-  TANDEM_ASSIGN_OR_RETURN(const int64_t max_keys, launch_max_keys(a, stream));
-  const QNormIn in{
-      .w = norm_weight(qn.weight), .inv_freq = static_cast<const float*>(qn.rope_inv_freq.data), .eps = qn.eps};
-  return launch_attention_decode(a, max_keys, scratch, stream, &in);
-}
-
-bool kv_norm_write_attention_fusable(const KvNormWriteArgs& w, const AttentionArgs& a) {
-  RmsNormArgs qn;  // the q norm kv_norm_write applies
-  qn.out = qn.x = w.q;
-  qn.weight = w.q_norm;
-  qn.eps = w.eps;
-  qn.rope_pos = w.write.pos;
-  qn.rope_inv_freq = w.rope_inv_freq;
-  if (w.q.empty() || !q_norm_attention_fusable(qn, a)) return false;
-  const KvWriteArgs& kw = w.write;
-  const KvView &wv = kw.kv, &av = a.kv;
-  // Written where the attention reads: the same storage, positions and token count.
-  if (wv.k.data != av.k.data || wv.v.data != av.v.data || wv.ring != av.ring || wv.capacity() != av.capacity() ||
-      wv.k.stride[0] != av.k.stride[0] || wv.k.stride[1] != av.k.stride[1] || wv.v.stride[0] != av.v.stride[0] ||
-      wv.v.stride[1] != av.v.stride[1] || kw.pos.data != a.q_pos.data || kw.pos.numel() != a.q_pos.numel())
-    return false;
-  const int64_t n_tok = a.q.shape[0], n_kv = av.k.shape[0], hd = a.q.shape[2];
-  for (const Tensor* t : {&kw.k_new, &kw.v_new})
-    if (t->dtype != DType::kBF16 || t->ndim != 3 || t->shape[0] != n_tok || t->shape[1] != n_kv || t->shape[2] != hd ||
-        !t->is_contiguous() || !aligned16(t->data))
-      return false;
-  return plain_weight(w.k_norm) && (w.k_norm.empty() || w.k_norm.numel() == hd);
-}
-
-Status launch_kv_norm_write_attention(const KvNormWriteArgs& w, const AttentionArgs& a, const Scratch& scratch,
-                                      cudaStream_t stream) {
-  if (!kv_norm_write_attention_fusable(w, a))
-    return internal_error("cuda kv_norm_write_attention: arguments it does not fuse");
-  if (a.q.shape[0] * a.q.shape[1] == 0) return ok_status();
-  TANDEM_ASSIGN_OR_RETURN(const int64_t max_keys, launch_max_keys(a, stream));
-  const QNormIn qn{
-      .w = norm_weight(w.q_norm), .inv_freq = static_cast<const float*>(w.rope_inv_freq.data), .eps = w.eps};
-  const KvNewIn kv{.k = static_cast<const bf16*>(w.write.k_new.data),
-                   .v = static_cast<const bf16*>(w.write.v_new.data),
-                   .k_norm = norm_weight(w.k_norm),
-                   .eps = w.eps,
-                   .k_cache = static_cast<bf16*>(w.write.kv.k.data),
-                   .v_cache = static_cast<bf16*>(w.write.kv.v.data)};
-  return launch_attention_decode(a, max_keys, scratch, stream, &qn, &kv);
-}
 
 Status launch_attention_combine(void* out, DType out_dtype, const float* partial, int n_splits, int64_t rows,
                                 int64_t head_dim, cudaStream_t stream) {
@@ -395,7 +326,12 @@ Status launch_attention(const AttentionArgs& a, const Scratch& scratch, cudaStre
                               kMaxHeadDim));
   const int64_t rows = n_tok * n_heads;
   if (rows == 0 || head_dim == 0) return ok_status();
-  TANDEM_ASSIGN_OR_RETURN(const int64_t max_keys, launch_max_keys(a, stream));
+  // Launch sizing (split-K): the host range, or inside a graph capture with kv_end the largest range a replay may
+  // see (the capacity); the kernels take their range at run time either way.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TANDEM_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+  const int64_t max_keys =
+      !a.kv_end.empty() && capture != cudaStreamCaptureStatusNone ? a.kv.capacity() : a.kv.end - a.kv.begin;
   if (attention_decode_applies(a)) return launch_attention_decode(a, max_keys, scratch, stream);
   AttnParams p{};
   p.out = a.out.data;

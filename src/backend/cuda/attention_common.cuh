@@ -9,7 +9,6 @@
 #include <cstdint>
 
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/norm_math.cuh"
 #include "core/status.h"
 #include "tensor/dtype.h"
 
@@ -46,30 +45,8 @@ Status launch_attention_combine(void* out, DType out_dtype, const float* partial
 // aligned K/V rows. (attention_decode.cu)
 bool attention_decode_applies(const AttentionArgs& a);
 
-// The q norm the decode kernel applies itself (q_norm_attention): q = RoPE(rms_norm(q) * w) as rms_norm with
-// rope_pos = q_pos and rope_inv_freq = inv_freq computes it (f32 [head_dim / 2]).
-struct QNormIn {
-  NormWeight w;
-  const float* inv_freq = nullptr;
-  float eps = 0.f;
-};
-
-// The new keys and values the decode kernel norms into the cache itself before attending (kv_norm_write_attention):
-// k, v [n_tok, n_kv, head_dim] bf16 at the query positions; the cache is the attention's KV storage (k_cache, v_cache
-// its data). The keys rotate with the q norm's frequencies.
-struct KvNewIn {
-  const __nv_bfloat16* k = nullptr;
-  const __nv_bfloat16* v = nullptr;
-  NormWeight k_norm;
-  float eps = 0.f;
-  __nv_bfloat16* k_cache = nullptr;
-  __nv_bfloat16* v_cache = nullptr;
-};
-
 // Enqueues the decode kernel (and the combine when it splits the keys). max_keys sizes the launch: the range the
-// queries see (the capacity inside a graph capture with kv_end, so every replay length fits). qn: norm q first;
-// kv_new (with qn): write the new keys and values first.
-Status launch_attention_decode(const AttentionArgs& a, int64_t max_keys, const Scratch& scratch, cudaStream_t stream,
-                               const QNormIn* qn = nullptr, const KvNewIn* kv_new = nullptr);
+// queries see (the capacity inside a graph capture with kv_end, so every replay length fits).
+Status launch_attention_decode(const AttentionArgs& a, int64_t max_keys, const Scratch& scratch, cudaStream_t stream);
 
 }  // namespace tandem::cuda

@@ -119,13 +119,6 @@ Status CudaBackend::init() {
   set_norm_regs(!switched_off("TANDEM_NORM_REGS"));
   set_keep_norm_weights(!switched_off("TANDEM_L2_KEEP"));
   set_per_layer_input_prefetch(!switched_off("TANDEM_PLI_PREFETCH"));
-  // Off until measured on a GPU (bench/RESULTS.md): "1" turns them on.
-  auto switched_on = [](const char* name) {
-    const char* v = std::getenv(name);
-    return v != nullptr && std::string_view(v) == "1";
-  };
-  set_attn_out_mlp_gemv(switched_on("TANDEM_GEGLU_NORM"));
-  set_attention_norms(switched_on("TANDEM_ATTN_QNORM"), switched_on("TANDEM_ATTN_KVNORM"));
   if (const char* mlp = std::getenv("TANDEM_FUSED_MLP")) set_fused_attn_out_mlp(std::string_view(mlp) == "1");
   if (const char* fit = std::getenv("TANDEM_GEMV_FIT")) {
     if (std::string_view(fit) == "0" || std::string_view(fit) == "1" || std::string_view(fit) == "2") {
@@ -488,8 +481,8 @@ void CudaBackend::per_layer_input(const PerLayerInputArgs& a) {
 void CudaBackend::attn_out_mlp(const AttnOutMlpArgs& a) {
   // One persistent launch for one token where it gives the composite's bits (its products on the GEMV); else the
   // composite.
-  if (gemm_->gemv_mode() == GemvMode::kOff || fused_gemv_rows_ < 1) return Backend::attn_out_mlp(a);
-  if (!attn_out_mlp_fusable(a)) return attn_out_mlp_gemv_path(a);
+  if (gemm_->gemv_mode() == GemvMode::kOff || fused_gemv_rows_ < 1 || !attn_out_mlp_fusable(a))
+    return Backend::attn_out_mlp(a);
   for (const Tensor* t : {&a.attn, &a.o_proj, &a.o, &a.x, &a.gate, &a.up, &a.g, &a.down, &a.f})
     expect_gpu(*t, index_, "attn_out_mlp", "tensor");
   for (const Tensor* t : {&a.post_attn_norm, &a.pre_ffn_norm})
@@ -500,28 +493,6 @@ void CudaBackend::attn_out_mlp(const AttnOutMlpArgs& a) {
   if (pt >= 0)
     prof_.end(pt, cuda_stream(current_),
               strfmt("attn_out_mlp %lld -> %lld -> %lld", static_cast<long long>(a.attn.dim(-1)),
-                     static_cast<long long>(a.x.dim(-1)), static_cast<long long>(a.gate.dim(0))));
-}
-
-void CudaBackend::attn_out_mlp_gemv_path(const AttnOutMlpArgs& a) {
-  // The o product as linear runs it, then the GeGLU launch that computes both norms itself and the down product
-  // (gemv.cu), where the composite's down product would take the GEMV too; otherwise the composite.
-  if (!attn_out_mlp_gemv_eligible(a, fused_gemv_rows_)) return Backend::attn_out_mlp(a);
-  for (const Tensor* t : {&a.attn, &a.o_proj, &a.o, &a.x, &a.xn, &a.gate, &a.up, &a.g, &a.down, &a.f})
-    expect_gpu(*t, index_, "attn_out_mlp", "tensor");
-  for (const Tensor* t : {&a.post_attn_norm, &a.pre_ffn_norm})
-    if (!t->empty()) expect_gpu(*t, index_, "attn_out_mlp", "norm");
-  if (!activate()) return;
-  const StreamState& s = streams_[static_cast<size_t>(current_)];
-  Result<LinearPath> down = gemm_->resolve({.out = a.f, .x = a.g, .w = a.down}, s.stream, s.workspace);
-  if (!down.ok()) return record(down.status());
-  if (*down != LinearPath::kGemv) return Backend::attn_out_mlp(a);
-  linear({.out = a.o, .x = a.attn, .w = a.o_proj});
-  const int pt = prof_.begin(s.stream);
-  record(launch_attn_out_mlp_gemv(a, props_.multiProcessorCount, s.stream));
-  if (pt >= 0)
-    prof_.end(pt, s.stream,
-              strfmt("norms + geglu + down %lldx%lld -> %lld (gemv)", static_cast<long long>(a.x.rows()),
                      static_cast<long long>(a.x.dim(-1)), static_cast<long long>(a.gate.dim(0))));
 }
 
@@ -687,28 +658,7 @@ Scratch CudaBackend::scratch() const {
   return {streams_[static_cast<size_t>(current_)].workspace, Gemm::kWorkspaceBytes, props_.multiProcessorCount};
 }
 
-void CudaBackend::q_norm_attention(const RmsNormArgs& q_norm, const AttentionArgs& a) {
-  // The decode kernel norms its query rows itself where it takes the op (one launch fewer); otherwise the two ops.
-  if (!q_norm_attention_on_ || !q_norm_attention_fusable(q_norm, a)) return Backend::q_norm_attention(q_norm, a);
-  expect_rms_norm(q_norm);
-  if (!q_norm.rope_inv_freq.empty()) expect_gpu(q_norm.rope_inv_freq, index_, "q_norm_attention", "rope_inv_freq");
-  attention_impl(a, &q_norm);
-}
-
-void CudaBackend::kv_norm_write_attention(const KvNormWriteArgs& w, const AttentionArgs& a) {
-  // The decode kernel writes the new keys and values itself where it takes the op (one launch fewer); otherwise the
-  // two ops.
-  if (!kv_norm_attention_on_ || !kv_norm_write_attention_fusable(w, a)) return Backend::kv_norm_write_attention(w, a);
-  expect_kv_write(w.write, index_, "kv_norm_write_attention");
-  expect_gpu(w.rope_inv_freq, index_, "kv_norm_write_attention", "rope_inv_freq");
-  for (const Tensor* t : {&w.k_norm, &w.q_norm})
-    if (!t->empty()) expect_gpu(*t, index_, "kv_norm_write_attention", "norm");
-  attention_impl(a, nullptr, &w);
-}
-
-void CudaBackend::attention(const AttentionArgs& a) { attention_impl(a, nullptr); }
-
-void CudaBackend::attention_impl(const AttentionArgs& a, const RmsNormArgs* q_norm, const KvNormWriteArgs* kv_norm) {
+void CudaBackend::attention(const AttentionArgs& a) {
   expect_gpu(a.out, index_, "attention", "out");
   expect_gpu(a.q, index_, "attention", "q");
   expect_gpu(a.q_pos, index_, "attention", "q_pos");
@@ -737,17 +687,8 @@ void CudaBackend::attention_impl(const AttentionArgs& a, const RmsNormArgs* q_no
   }
   if (!activate()) return;
   const int pt = prof_.begin(cuda_stream(current_));
-  const cudaStream_t stream = cuda_stream(current_);
-  if (kv_norm != nullptr) {
-    record(launch_kv_norm_write_attention(*kv_norm, a, scratch(), stream));
-  } else if (q_norm != nullptr) {
-    record(launch_q_norm_attention(*q_norm, a, scratch(), stream));
-  } else {
-    record(launch_attention(a, scratch(), stream));
-  }
-  if (pt >= 0)
-    prof_.end(pt, stream,
-              (kv_norm != nullptr ? "q, k, v norms + " : (q_norm != nullptr ? "q norm + " : "")) + attention_label(a));
+  record(launch_attention(a, scratch(), cuda_stream(current_)));
+  if (pt >= 0) prof_.end(pt, cuda_stream(current_), attention_label(a));
 }
 
 void CudaBackend::centroid_candidates(const CentroidCandidatesArgs& a) {

@@ -64,8 +64,6 @@ class CudaBackend final : public Backend {
   void rope(const RopeArgs& a) override;
   void kv_write(const KvWriteArgs& a) override;
   void attention(const AttentionArgs& a) override;
-  void q_norm_attention(const RmsNormArgs& q_norm, const AttentionArgs& a) override;
-  void kv_norm_write_attention(const KvNormWriteArgs& w, const AttentionArgs& a) override;
   void gelu_mul(const GeluMulArgs& a) override;
   void add(const AddArgs& a) override;
   void scale(const ScaleArgs& a) override;
@@ -100,14 +98,6 @@ class CudaBackend final : public Backend {
     fused_gemv_rows_ = rows < 0 ? 0 : (rows > kMaxFusedGemvRows ? kMaxFusedGemvRows : rows);
   }
   [[nodiscard]] int fused_gemv_rows() const { return fused_gemv_rows_; }
-  // Whether q_norm_attention and kv_norm_write_attention run their norms (and cache write) inside the decode
-  // attention kernel. Off by default until measured on a GPU; TANDEM_ATTN_QNORM=1 / TANDEM_ATTN_KVNORM=1 turn them on.
-  void set_attention_norms(bool q, bool kv) {
-    q_norm_attention_on_ = q;
-    kv_norm_attention_on_ = kv;
-  }
-  [[nodiscard]] bool q_norm_in_attention() const { return q_norm_attention_on_; }
-  [[nodiscard]] bool kv_norm_in_attention() const { return kv_norm_attention_on_; }
   [[nodiscard]] const cudaDeviceProp& properties() const { return props_; }
 
  private:
@@ -118,10 +108,6 @@ class CudaBackend final : public Backend {
   bool activate();
   // Keeps the first failure until it is reported.
   void record(Status s);
-  // attention, with the queries normed first inside the decode kernel when q_norm is given (q_norm_attention).
-  void attention_impl(const AttentionArgs& a, const RmsNormArgs* q_norm, const KvNormWriteArgs* kv_norm = nullptr);
-  // attn_out_mlp as the o product and gemv.cu's GeGLU-with-norms and down launches, or the composite.
-  void attn_out_mlp_gemv_path(const AttnOutMlpArgs& a);
   // rms_norm's argument checks (also for each stage of rms_norm_seq).
   void expect_rms_norm(const RmsNormArgs& a) const;
   // The current stream's workspace and the SM count, for attention's split-K and the MoE intermediates.
@@ -140,8 +126,6 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Gemm> gemm_;
   Status pending_;
   bool capturing_ = false;                 // inside capture(): ops skip cudaSetDevice
-  bool q_norm_attention_on_ = false;       // see set_attention_norms
-  bool kv_norm_attention_on_ = false;
   int fused_gemv_rows_ = 2;                // see set_fused_gemv_rows
   bool concurrent_streams_ = true;         // TANDEM_BRANCHES
   std::vector<cudaGraphExec_t> graphs_;    // by GraphId; released slots are null

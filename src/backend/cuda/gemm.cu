@@ -223,7 +223,7 @@ Status Gemm::tune(const LinearArgs& a, Plan* p, cudaStream_t stream, void* works
   return ok_status();
 }
 
-Result<LinearPath> Gemm::resolve(const LinearArgs& a, cudaStream_t stream, void* workspace) {
+Status Gemm::run(const LinearArgs& a, cudaStream_t stream, void* workspace) {
   if (gemv_mode_ == GemvMode::kAuto && !a.accumulate && a.x.rows() <= kAutoGemvRows && gemv_eligible(a) &&
       cublaslt_eligible(a)) {
     // First use of a decode shape outside a graph capture: time both paths (the output is written either way).
@@ -233,11 +233,7 @@ Result<LinearPath> Gemm::resolve(const LinearArgs& a, cudaStream_t stream, void*
     if (p->has_algo && p->gemv_faster < 0 && capture == cudaStreamCaptureStatusNone)
       TANDEM_TRY(tune(a, p, stream, workspace));
   }
-  return choose(a);
-}
-
-Status Gemm::run(const LinearArgs& a, cudaStream_t stream, void* workspace) {
-  TANDEM_ASSIGN_OR_RETURN(const LinearPath path, resolve(a, stream, workspace));
+  TANDEM_ASSIGN_OR_RETURN(const LinearPath path, choose(a));
   if (path == LinearPath::kGemv) return launch_gemv(a, sm_count_, stream);
   if (path != LinearPath::kCublasLt) return launch_linear_simple(a, stream);
   TANDEM_ASSIGN_OR_RETURN(const Plan* p, plan(Key{a.x.rows(), a.w.dim(0), a.w.dim(1), a.out.dtype}));

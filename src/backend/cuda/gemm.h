@@ -35,9 +35,6 @@ class Gemm {
   // The path linear(a) takes. Builds and caches the cuBLASLt plan (descriptors + heuristic algorithm) of this
   // shape on first use; a shape for which cuBLASLt offers no algorithm takes the plain kernel.
   Result<LinearPath> choose(const LinearArgs& a);
-  // The path run(a) takes, timing the two paths first as run does on a decode shape's first use outside a graph
-  // capture (which writes a.out).
-  Result<LinearPath> resolve(const LinearArgs& a, cudaStream_t stream, void* workspace);
   // Enqueues the product on `stream`; `workspace` holds kWorkspaceBytes and is used by this stream only.
   Status run(const LinearArgs& a, cudaStream_t stream, void* workspace);
   [[nodiscard]] size_t plan_count() const { return plans_.size(); }

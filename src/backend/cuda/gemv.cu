@@ -17,7 +17,6 @@
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
-#include "backend/cuda/norm_math.cuh"
 #include "core/strings.h"
 
 namespace tandem::cuda {
@@ -39,54 +38,6 @@ struct GemvSegs {
   int n;
 };
 
-// The GeGLU launch of attn_out_mlp's GEMV path (kNormX): x row t = norm(res_t + norm(o_t) * w_post) * w_pre, each
-// stage rounded to bf16 as rms_norm_then stores it; block 0 stores res_t + norm(o_t) * w_post at x1.
-struct GemvNormIn {
-  const bf16* o = nullptr;  // [T, n_in]
-  const bf16* res = nullptr;
-  bf16* x1 = nullptr;
-  NormWeight w_post, w_pre;
-  float eps = 0.f;
-};
-// Block 0 copies n 16-byte chunks from src to dst after the wait (the down launch of attn_out_mlp's GEMV path moves
-// the updated residual into x).
-struct GemvCopy {
-  const uint4* src = nullptr;
-  uint4* dst = nullptr;
-  int64_t n = 0;
-};
-struct GemvExtra {
-  GemvNormIn norm;  // norm.o != nullptr: the kNormX kernel
-  GemvCopy copy;
-};
-
-// Thread c's chunk of each row's x in the kNormX launch, computed as rms_norm_then computes it with one 8-element
-// chunk per thread (norm_regs.cu, the fused attn_out_mlp kernel): the block's sums of squares in block_sum's order
-// over the same threads (the launcher checks that the GEMV block has the norm's threads). Threads past the row hold
-// zeros and add nothing.
-template <int T>
-__device__ __forceinline__ void norm_x_chunks(const GemvNormIn& in, int64_t c, int64_t chunks, const float (&w_post)[8],
-                                              const float (&w_pre)[8], uint4 (&xc)[T]) {
-  const int64_t d = chunks * 8;
-  float ov[T][8] = {}, rv[T][8] = {};
-  if (c < chunks) {
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-      load_vec<bf16, 8>(in.o + t * d + 8 * c, ov[t]);
-      load_vec<bf16, 8>(in.res + t * d + 8 * c, rv[t]);
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < T; ++t) {
-    float x1[8], xn[8];
-    residual_norm_then_norm(ov[t], rv[t], w_post, w_pre, d, in.eps, static_cast<int>(blockDim.x) / kWarp, x1, xn);
-    if (blockIdx.x == 0 && c < chunks) store_vec<bf16, 8>(in.x1 + t * d + 8 * c, x1);
-    bf16* xe = reinterpret_cast<bf16*>(&xc[t]);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) xe[j] = from_f32<bf16>(xn[j]);
-  }
-}
-
 // Entry si of a segment array, selected without indexing the kernel parameter (which would copy it to local memory).
 template <class V>
 __device__ __forceinline__ V seg_at(const V (&a)[kMaxLinearGroup], int si) {
@@ -96,12 +47,10 @@ __device__ __forceinline__ V seg_at(const V (&a)[kMaxLinearGroup], int si) {
 // M = 1 weight matrix per segment (linear, linear_group), or 2 (geglu, one segment: rows of w_gate in acc[0], of
 // w_up = w2 in acc[1]). up (M = 1, one segment, or null): the linear_gelu_mul epilogue, row t of up at
 // up + t * up_stride.
-// kNormX (M = 2, rows of one pass): x is computed by norm_x_chunks from ex.norm instead of read. kCopy: block 0 makes
-// ex.copy's copy after the wait.
-template <int T, int R, class TO, int M, bool kEarlyW, bool kNormX = false, bool kCopy = false>
+template <int T, int R, class TO, int M, bool kEarlyW>
 __global__ void __launch_bounds__(kMaxThreads)
     gemv_kernel(GemvSegs segs, const bf16* __restrict__ x, const bf16* __restrict__ w2, int64_t n_in, float alpha,
-                bool accumulate, const TO* __restrict__ up, int64_t up_stride, GemvExtra ex) {
+                bool accumulate, const TO* __restrict__ up, int64_t up_stride) {
   if constexpr (!kEarlyW) pdl_enter();
   __shared__ float partial[kMaxWarps][M * R * T];
   const int threads = static_cast<int>(blockDim.x), warps = threads / kWarp;
@@ -148,29 +97,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       for (int r = 0; r < R; ++r) wc[m][r] = __ldcs(wr[m][r] + c);  // streamed once: keep it out of L1
   };
   int64_t c = threadIdx.x;
-  if constexpr (kNormX) {
-    // One pass: thread c multiplies chunk c of every row. The weights and the norm weights do not depend on the
-    // kernel before this one, so they are requested before waiting for it.
-    uint4 wc[M][R];
-    float w_post[8] = {}, w_pre[8] = {};
-    if (c < chunks) {
-      load_w(wc, c);
-      load_weight<8>(ex.norm.w_post, 8 * c, w_post, true);
-      load_weight<8>(ex.norm.w_pre, 8 * c, w_pre, true);
-    }
-    if constexpr (kEarlyW) pdl_enter();
-    uint4 xc[T];
-    norm_x_chunks<T>(ex.norm, c, chunks, w_post, w_pre, xc);
-    if (c < chunks) {
-#pragma unroll
-      for (int t = 0; t < T; ++t)
-#pragma unroll
-        for (int m = 0; m < M; ++m)
-#pragma unroll
-          for (int r = 0; r < R; ++r) acc[m][r][t] = dot8_bf16(wc[m][r], xc[t], acc[m][r][t]);
-    }
-    c = chunks;
-  } else if constexpr (kEarlyW) {
+  if constexpr (kEarlyW) {
     // The weights do not depend on the kernel just before this one, so the first chunk of every row is requested
     // before waiting for that kernel to end: the fetch overlaps its tail instead of following it (for the short
     // rows this variant serves, most of the block's weights). x and up are read only after the wait.
@@ -186,9 +113,6 @@ __global__ void __launch_bounds__(kMaxThreads)
     load_w(wc, c);
     accumulate_chunk(wc, c);
   }
-
-  if (kCopy && blockIdx.x == 0)  // every launch has waited by now
-    for (int64_t i = threadIdx.x; i < ex.copy.n; i += threads) ex.copy.dst[i] = __ldcg(ex.copy.src + i);
 
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
 #pragma unroll
@@ -265,7 +189,7 @@ int block_threads(int64_t chunks) {
 // epilogue (or null). Fills first_block.
 template <int T, class TO, int M = 1>
 Status launch_rows(GemvSegs segs, const LinearArgs& a, const void* w2, int sm_count, cudaStream_t stream,
-                   const void* up = nullptr, int64_t up_stride = 0, const GemvExtra& ex = {}) {
+                   const void* up = nullptr, int64_t up_stride = 0) {
   const int64_t n_in = a.w.dim(1);
   int64_t n_out = 0;
   for (int i = 0; i < segs.n; ++i) n_out += segs.n_out[i];
@@ -286,15 +210,8 @@ Status launch_rows(GemvSegs segs, const LinearArgs& a, const void* w2, int sm_co
     const int threads = block_threads(n_in / 8);
     const bool early = T == 1 && weight_prefetch() && !a.w_fresh && n_in / 8 <= 2048;
     auto* kernel = early ? gemv_kernel<T, R, TO, M, T == 1> : gemv_kernel<T, R, TO, M, false>;
-    if constexpr (M == 2) {
-      if (ex.norm.o != nullptr)
-        kernel = early ? gemv_kernel<T, R, TO, M, T == 1, true> : gemv_kernel<T, R, TO, M, false, true>;
-    } else {
-      if (ex.copy.n > 0)
-        kernel = early ? gemv_kernel<T, R, TO, M, T == 1, false, true> : gemv_kernel<T, R, TO, M, false, false, true>;
-    }
     launch_kernel(kernel, static_cast<unsigned>(blocks), threads, 0, stream, segs, static_cast<const bf16*>(a.x.data),
-                  static_cast<const bf16*>(w2), n_in, a.alpha, a.accumulate, static_cast<const TO*>(up), up_stride, ex);
+                  static_cast<const bf16*>(w2), n_in, a.alpha, a.accumulate, static_cast<const TO*>(up), up_stride);
     TANDEM_CUDA_TRY_LAUNCH();
     return ok_status();
   };
@@ -428,66 +345,6 @@ Status launch_linear_gelu_mul_gemv(const LinearGeluMulArgs& a, int sm_count, cud
     return a.out.dtype == DType::kBF16
                ? launch_rows<T, bf16>(one_segment(g), g, nullptr, sm_count, stream, a.up.data, stride)
                : launch_rows<T, float>(one_segment(g), g, nullptr, sm_count, stream, a.up.data, stride);
-  });
-}
-
-namespace {
-std::atomic<bool>& geglu_norm_flag() {
-  static std::atomic<bool> on{false};
-  return on;
-}
-}  // namespace
-
-void set_attn_out_mlp_gemv(bool on) { geglu_norm_flag().store(on, std::memory_order_relaxed); }
-bool attn_out_mlp_gemv() { return geglu_norm_flag().load(std::memory_order_relaxed); }
-
-bool attn_out_mlp_gemv_eligible(const AttnOutMlpArgs& a, int max_rows) {
-  if (!attn_out_mlp_gemv() || a.x.ndim != 2) return false;
-  const int64_t rows = a.x.rows(), d = a.x.dim(-1);
-  if (rows < 1 || rows > max_rows || d % 8 != 0) return false;
-  for (const Tensor* t : {&a.attn, &a.o, &a.x, &a.xn, &a.g, &a.f, &a.gate, &a.up, &a.down})
-    if (!plain_bf16(*t)) return false;
-  if (a.o.numel() != rows * d || a.xn.numel() != rows * d || a.f.numel() != rows * d || a.g.ndim != 2 ||
-      a.g.rows() != rows || a.f.rows() != rows)
-    return false;
-  const GegluArgs geglu{.out = a.g, .x = a.xn, .w_gate = a.gate, .w_up = a.up, .up = a.u};
-  if (!geglu_gemv_eligible(geglu, max_rows) || a.gate.dim(1) != d || a.gate.dim(0) != a.g.dim(1)) return false;
-  if (!gemv_eligible({.out = a.f, .x = a.g, .w = a.down}) || a.down.dim(0) != d) return false;
-  if (!plain_norm_weight(a.post_attn_norm, d) || !plain_norm_weight(a.pre_ffn_norm, d)) return false;
-  // The GeGLU block must be the norm's block: one thread per 8-element chunk, the whole warps over the row (as
-  // rms_norm_then runs rows of d values), so its sums add in the same order.
-  const int64_t norm_threads = (d / 8 + kWarp - 1) / kWarp * kWarp;
-  if (norm_threads > kMaxThreads || block_threads(d / 8) != norm_threads) return false;
-  // The block-0 stores and the copy must not touch what the launches still read.
-  const void* distinct[] = {a.o.data, a.x.data, a.xn.data, a.g.data, a.f.data};
-  for (size_t i = 0; i < 5; ++i)
-    for (size_t j = i + 1; j < 5; ++j)
-      if (distinct[i] == distinct[j]) return false;
-  return true;
-}
-
-Status launch_attn_out_mlp_gemv(const AttnOutMlpArgs& a, int sm_count, cudaStream_t stream) {
-  if (!attn_out_mlp_gemv_eligible(a, kMaxTokens))
-    return internal_error("cuda attn_out_mlp gemv: arguments it does not take");
-  GemvExtra geglu_ex;
-  geglu_ex.norm = {.o = static_cast<const bf16*>(a.o.data),
-                   .res = static_cast<const bf16*>(a.x.data),
-                   .x1 = static_cast<bf16*>(a.xn.data),
-                   .w_post = norm_weight(a.post_attn_norm),
-                   .w_pre = norm_weight(a.pre_ffn_norm),
-                   .eps = a.eps};
-  const LinearArgs g{.out = a.g, .x = a.xn, .w = a.gate};
-  TANDEM_TRY(with_rows(a.x.rows(), [&](auto t) {
-    return launch_rows<decltype(t)::value, bf16, 2>(one_segment(g), g, a.up.data, sm_count, stream, nullptr, 0,
-                                                    geglu_ex);
-  }));
-  GemvExtra down_ex;
-  down_ex.copy = {
-      .src = static_cast<const uint4*>(a.xn.data), .dst = static_cast<uint4*>(a.x.data), .n = a.x.numel() / 8};
-  const LinearArgs down{.out = a.f, .x = a.g, .w = a.down};
-  return with_rows(a.x.rows(), [&](auto t) {
-    return launch_rows<decltype(t)::value, bf16>(one_segment(down), down, nullptr, sm_count, stream, nullptr, 0,
-                                                 down_ex);
   });
 }
 

@@ -75,17 +75,6 @@ struct Scratch {
 // attention.cu, attention_decode.cu (split-K partial states go to the scratch when a few rows face a long context;
 // inside a graph capture with kv_end, the launch is sized for the storage's capacity)
 Status launch_attention(const AttentionArgs& a, const Scratch& scratch, cudaStream_t stream);
-// q_norm_attention (Backend) in one launch of the decode kernel, which norms and rotates its query rows itself with
-// rms_norm's bits: the decode kernel's shapes, qn in place on q with RoPE at q_pos, bf16.
-bool q_norm_attention_fusable(const RmsNormArgs& qn, const AttentionArgs& a);
-Status launch_q_norm_attention(const RmsNormArgs& qn, const AttentionArgs& a, const Scratch& scratch,
-                               cudaStream_t stream);
-// kv_norm_write_attention (Backend) in one launch of the decode kernel, which also norms the new keys and values into
-// the cache itself before reading it, with kv_norm_write's bits: the q_norm_attention shapes (w.q with its norm),
-// the new rows bf16 [n_tok, n_kv, head_dim] at the query positions, written into the attention's own storage.
-bool kv_norm_write_attention_fusable(const KvNormWriteArgs& w, const AttentionArgs& a);
-Status launch_kv_norm_write_attention(const KvNormWriteArgs& w, const AttentionArgs& a, const Scratch& scratch,
-                                      cudaStream_t stream);
 
 // moe.cu (moe_experts, grouped by expert, keeps its grouping tables and its f32 intermediates h [pairs, d_ff] and
 // y [pairs, d_model] in the scratch, in token chunks when they do not fit; launch sizes depend on n_tokens and k
@@ -124,16 +113,6 @@ Status launch_geglu_gemv(const GegluArgs& a, int sm_count, cudaStream_t stream);
 // rows contiguous within a row).
 bool linear_gelu_mul_gemv_eligible(const LinearGeluMulArgs& a, int max_rows);
 Status launch_linear_gelu_mul_gemv(const LinearGeluMulArgs& a, int sm_count, cudaStream_t stream);
-
-// attn_out_mlp in three GEMV launches (the o product, the GeGLU products with both norms computed in every block, the
-// down product), bit-identical to the composite op when its products run on the GEMV: 1..max_rows bf16 rows, d
-// whose norm block is the GEMV's one-pass block (E2B, E4B), plain norm weights, the down product on the GEMV (the
-// caller checks that path; this launches the GeGLU and down products, the o product is the caller's). Off until
-// measured on a GPU; TANDEM_GEGLU_NORM=1 turns it on.
-void set_attn_out_mlp_gemv(bool on);
-bool attn_out_mlp_gemv();
-bool attn_out_mlp_gemv_eligible(const AttnOutMlpArgs& a, int max_rows);
-Status launch_attn_out_mlp_gemv(const AttnOutMlpArgs& a, int sm_count, cudaStream_t stream);
 
 // gemm.cu: the plain kernel behind linear() for what cuBLASLt cannot take (odd sizes, f32 operands);
 // the cuBLASLt path lives in class Gemm (gemm.h).

@@ -1,8 +1,8 @@
 // The element math of RMSNorm on the GPU (spec §1.2), shared by the norm kernels (norm_rope.cu, norm_regs.cu) and
-// the kernels that run a norm inside a larger step (per_layer_input.cu, attn_out_mlp.cu, gemv.cu's GeGLU with norms,
-// attention_decode.cu's q norm): vector loads and stores of V = 1 or 8 elements, the norm weight, RoPE's rotation of
-// a pair, and the arithmetic of one thread's elements, so that every kernel computing a norm rounds and adds exactly
-// as rms_norm does; and the norm kernels' job descriptions. Included only by .cu files.
+// the kernels that run a norm inside a larger step (per_layer_input.cu, attn_out_mlp.cu): vector loads and stores of
+// V = 1 or 8 elements, the norm weight, RoPE's rotation of a pair, and the arithmetic of one thread's elements, so
+// that every kernel computing a norm rounds and adds exactly as rms_norm does; and the norm kernels' job
+// descriptions. Included only by .cu files.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -142,8 +142,8 @@ __device__ __forceinline__ float round_as(float v) {
   return to_f32(from_f32<T>(v));
 }
 
-// Element i of a norm weight as f32 (1 for a weightless norm), read as load_weight reads it. Shared by the norm + RoPE
-// kernels (norm_rope.cu) and the decode attention kernel's q norm (attention_decode.cu).
+// Element i of a norm weight as f32 (1 for a weightless norm), read as load_weight reads it (the norm + RoPE kernels of
+// norm_rope.cu).
 __device__ __forceinline__ float weight_at(const NormWeight& w, int64_t i) {
   if (w.data == nullptr) return 1.f;
   if (w.keep) {
@@ -175,8 +175,7 @@ __device__ __forceinline__ void rope_pair(float& x1, float& x2, float c, float s
 
 // The output of rms_norm with RoPE for one pair (x1, x2) = (x[j], x[j + half]) of a head row after its reduction:
 // x * inv * w rounded to T, then rope_pair's rotation at angle pos * f (f: the pair's inverse frequency; 0, in
-// proportional RoPE, keeps the normed pair as it is). Shared by the norm + RoPE kernels (norm_rope.cu) and the
-// decode attention kernel's own norms (attention_decode_kernel.cuh), so both give the same bits.
+// proportional RoPE, keeps the normed pair as it is). The norm + RoPE kernels' output math (norm_rope.cu).
 template <class T>
 __device__ __forceinline__ void norm_rope_pair(float& x1, float& x2, float inv, float w1, float w2, float f,
                                                float pos) {
