@@ -450,7 +450,7 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
   RmsNormArgs tail[4];  // norms after the block, run as one rms_norm_seq
   int n_tail = 0;
   if (!ls.moe) {
-    // The o product, both norms and the GeGLU MLP as one op (one launch on CUDA for a decode step).
+    // The o product, both norms and the GeGLU MLP as one op (four launches on CUDA; one with TANDEM_FUSED_MLP=1).
     backend_.attn_out_mlp({.attn = attn.reshape({rows, nh * hd}),
                            .o_proj = lw.attn.o_proj,
                            .o = o,
