@@ -217,14 +217,10 @@ Status Gemma4Assistant::run_step(const DraftStepArgs& a) {
     // layers (drafter_sliding_window).
     const int src = target_.text().shared_kv_layer(ls.attn);
     const Tensor attn = ws.attn.view(act, {1, nh, hd});
-    backend_.attention({.out = attn,
-                        .q = q,
-                        .kv = a.cache->view(src, a.kv_end),
-                        .q_pos = pos,
+    backend_.attention({.out = attn, .q = q, .kv = a.cache->view(src, a.kv_end), .q_pos = pos,
                         .kv_end = ws.kv_end.view(DType::kI32, {1}),
                         .window = ls.attn == AttnType::kSliding ? drafter_sliding_window(ls.window) : 0,
-                        .causal = true,
-                        .scale = 1.f});
+                        .causal = true, .scale = 1.f});
     // z = z + norm(o_proj(attn)), then the GeGLU MLP of pre_ffn_norm(z) into f, as one composite op (ops.h
     // AttnOutMlpArgs; four launches on CUDA: the o product, both norms in one, the GeGLU and the down product).
     const Tensor gate = ws.gate.view(act, {1, ls.d_ff});

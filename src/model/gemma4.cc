@@ -423,14 +423,10 @@ Status Gemma4Model::layer_forward(int i, std::span<const SequenceInput> batch, i
   for (const SequenceInput& in : batch) {
     const int64_t n = static_cast<int64_t>(in.tokens.size());
     // Scale 1.0: q_norm/k_norm replace 1/sqrt(d) (spec §1.6). Sliding layers: q - W < k <= q (spec §1.8).
-    backend_.attention({.out = attn.slice(r, r + n),
-                        .q = q.slice(r, r + n),
-                        .kv = in.cache->attention_view(i, in.cache->length() + n),
-                        .q_pos = pos.slice(r, r + n),
+    backend_.attention({.out = attn.slice(r, r + n), .q = q.slice(r, r + n),
+                        .kv = in.cache->attention_view(i, in.cache->length() + n), .q_pos = pos.slice(r, r + n),
                         .kv_end = batch.size() == 1 ? ws.kv_end.view(DType::kI32, {1}) : Tensor(),
-                        .window = ls.attn == AttnType::kSliding ? ls.window : 0,
-                        .causal = true,
-                        .scale = 1.f});
+                        .window = ls.attn == AttnType::kSliding ? ls.window : 0, .causal = true, .scale = 1.f});
     r += n;
   }
   const Tensor o = ws.o.view(act, {rows, d});

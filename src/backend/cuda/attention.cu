@@ -330,8 +330,8 @@ Status launch_attention(const AttentionArgs& a, const Scratch& scratch, cudaStre
   // see (the capacity); the kernels take their range at run time either way.
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   TANDEM_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
-  const int64_t max_keys =
-      !a.kv_end.empty() && capture != cudaStreamCaptureStatusNone ? a.kv.capacity() : a.kv.end - a.kv.begin;
+  const int64_t max_keys = !a.kv_end.empty() && capture != cudaStreamCaptureStatusNone ? a.kv.capacity()
+                                                                                        : a.kv.end - a.kv.begin;
   if (attention_decode_applies(a)) return launch_attention_decode(a, max_keys, scratch, stream);
   AttnParams p{};
   p.out = a.out.data;

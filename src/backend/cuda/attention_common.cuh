@@ -47,6 +47,7 @@ bool attention_decode_applies(const AttentionArgs& a);
 
 // Enqueues the decode kernel (and the combine when it splits the keys). max_keys sizes the launch: the range the
 // queries see (the capacity inside a graph capture with kv_end, so every replay length fits).
-Status launch_attention_decode(const AttentionArgs& a, int64_t max_keys, const Scratch& scratch, cudaStream_t stream);
+Status launch_attention_decode(const AttentionArgs& a, int64_t max_keys, const Scratch& scratch,
+                               cudaStream_t stream);
 
 }  // namespace tandem::cuda

@@ -28,10 +28,10 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kMaxTokens = 16;     // query tokens the decode path takes (verify of up to 15 drafts)
-constexpr int kMaxChunkRows = 40;  // query rows per block (5 mma n-tiles): bounds the accumulator registers
-constexpr int kMaxHeadDim = 512;   // Gemma 4's full-attention head dim
-constexpr int kMinSplitKeys = 32;  // fewest keys worth a split of their own (TANDEM_ATTN_SPLIT_KEYS overrides)
+constexpr int kMaxTokens = 16;          // query tokens the decode path takes (verify of up to 15 drafts)
+constexpr int kMaxChunkRows = 40;       // query rows per block (5 mma n-tiles): bounds the accumulator registers
+constexpr int kMaxHeadDim = 512;        // Gemma 4's full-attention head dim
+constexpr int kMinSplitKeys = 32;       // fewest keys worth a split of their own (TANDEM_ATTN_SPLIT_KEYS overrides)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -43,13 +43,13 @@ struct Geo {
   static constexpr int kThreads = 32 * NW;
   static constexpr int kHd = 64 * NW;
   static constexpr int kTk = NW == 8 ? 16 : 32;  // 32 KB of K+V per stage at head_dim 512 and 256
-  static constexpr int kStages = 4;              // three stages in flight while one is computed
+  static constexpr int kStages = 4;               // three stages in flight while one is computed
   static constexpr int kRows = 8 * NT;
-  static constexpr int kChunks = kHd / 8;       // 16-byte chunks of a K/V row
-  static constexpr int kSxStride = kTk + 4;     // floats; = 4 mod 16: conflict-free fragment stores
-  static constexpr int kPStride = kTk + 8;      // bf16; 16-byte aligned rows, conflict-free ldmatrix
-  static constexpr int kOStride = kHd + 4;      // floats, the epilogue's staging of the output rows
-  static constexpr int kTileElems = kTk * kHd;  // one K or V tile
+  static constexpr int kChunks = kHd / 8;        // 16-byte chunks of a K/V row
+  static constexpr int kSxStride = kTk + 4;      // floats; = 4 mod 16: conflict-free fragment stores
+  static constexpr int kPStride = kTk + 8;       // bf16; 16-byte aligned rows, conflict-free ldmatrix
+  static constexpr int kOStride = kHd + 4;       // floats, the epilogue's staging of the output rows
+  static constexpr int kTileElems = kTk * kHd;   // one K or V tile
   static constexpr size_t kKvBytes = size_t{kStages} * 2 * kTileElems * sizeof(bf16);
   static constexpr size_t kSxBytes = size_t{NW} * kRows * kSxStride * sizeof(float);
   static constexpr size_t kPBytes = size_t{kRows} * kPStride * sizeof(bf16);
@@ -63,22 +63,22 @@ struct Geo {
 };
 
 struct DecodeParams {
-  bf16* out;      // [n_tok, n_heads, head_dim] (may be q)
-  const bf16* q;  // [n_tok, n_heads, head_dim]
-  const bf16* k;  // [n_kv, capacity, head_dim], strides below (elements)
+  bf16* out;                    // [n_tok, n_heads, head_dim] (may be q)
+  const bf16* q;                // [n_tok, n_heads, head_dim]
+  const bf16* k;                // [n_kv, capacity, head_dim], strides below (elements)
   const bf16* v;
   int64_t k_stride_head, k_stride_slot, v_stride_head, v_stride_slot;
-  const int32_t* q_pos;   // [n_tok]
-  const int32_t* kv_end;  // [1] on the device, or null
+  const int32_t* q_pos;         // [n_tok]
+  const int32_t* kv_end;        // [1] on the device, or null
   int64_t begin, end, capacity, window;
   int n_tok, n_heads, group, head_dim;
-  int chunk_rows;    // query rows per block (the last chunk may have fewer)
-  int n_splits;      // splits launched (>= those the range needs: the trailing ones may be empty)
-  int split_target;  // the range is cut into this many splits of at least min_split_keys keys
+  int chunk_rows;               // query rows per block (the last chunk may have fewer)
+  int n_splits;                 // splits launched (>= those the range needs: the trailing ones may be empty)
+  int split_target;             // the range is cut into this many splits of at least min_split_keys keys
   int min_split_keys;
   bool ring, causal;
-  float scale_log2;  // scale * log2(e): scores are kept in base-2 units for exp2f
-  float* partial;    // split-K partial states (attention_common.cuh layout) when n_splits > 1
+  float scale_log2;             // scale * log2(e): scores are kept in base-2 units for exp2f
+  float* partial;               // split-K partial states (attention_common.cuh layout) when n_splits > 1
 };
 
 // Grid (row chunk, split, KV head). mma fragment coordinates: gq = lane / 4, tq = lane % 4. In S^T (keys x rows) and
@@ -88,13 +88,13 @@ __global__ void __launch_bounds__(32 * NW, 1) attention_decode_kernel(DecodePara
   pdl_enter();
   using G = Geo<NW, NT>;
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* s_kv = reinterpret_cast<bf16*>(smem);                             // [stage][K|V][key][16-byte chunk, swizzled]
-  float* s_x = reinterpret_cast<float*>(smem + G::kKvBytes);              // [warp][row][key] partial scores
+  bf16* s_kv = reinterpret_cast<bf16*>(smem);                        // [stage][K|V][key][16-byte chunk, swizzled]
+  float* s_x = reinterpret_cast<float*>(smem + G::kKvBytes);         // [warp][row][key] partial scores
   bf16* s_p = reinterpret_cast<bf16*>(smem + G::kKvBytes + G::kSxBytes);  // [row][key] probabilities
   float* s_m = reinterpret_cast<float*>(smem + G::kKvBytes + G::kSxBytes + G::kPBytes);  // running max (base 2)
-  float* s_l = s_m + G::kRows;                                                           // running sum
-  float* s_corr = s_l + G::kRows;                         // this tile's rescale of the accumulator
-  int* s_lo = reinterpret_cast<int*>(s_corr + G::kRows);  // visible keys of token t: [lo, hi)
+  float* s_l = s_m + G::kRows;                                       // running sum
+  float* s_corr = s_l + G::kRows;                                    // this tile's rescale of the accumulator
+  int* s_lo = reinterpret_cast<int*>(s_corr + G::kRows);             // visible keys of token t: [lo, hi)
   int* s_hi = s_lo + kMaxTokens;
 
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
@@ -361,7 +361,7 @@ __global__ void __launch_bounds__(32 * NW, 1) attention_decode_kernel(DecodePara
 }
 
 struct DecodeShape {
-  int64_t rows_out;  // n_tok * n_heads: the combine's rows
+  int64_t rows_out;   // n_tok * n_heads: the combine's rows
   int64_t n_kv, n_chunks, max_keys;
 };
 
@@ -376,11 +376,11 @@ Result<int> prepare_kernel() {
   TANDEM_CUDA_TRY(cudaGetDevice(&dev));
   const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t{1} << dev : 0;
   if (bit == 0 || (prepared.load(std::memory_order_acquire) & bit) == 0) {
-    TANDEM_CUDA_TRY(cudaFuncSetAttribute(attention_decode_kernel<NW, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(G::kSmem)));
+    TANDEM_CUDA_TRY(cudaFuncSetAttribute(attention_decode_kernel<NW, NT>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(G::kSmem)));
     int n = 0;
-    TANDEM_CUDA_TRY(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_kernel<NW, NT>, G::kThreads, G::kSmem));
+    TANDEM_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_kernel<NW, NT>, G::kThreads,
+                                                                  G::kSmem));
     blocks_per_sm.store(std::max(n, 1), std::memory_order_relaxed);
     prepared.fetch_or(bit, std::memory_order_release);
   }
@@ -422,7 +422,8 @@ Status launch_geo(DecodeParams p, const DecodeShape& s, const Scratch& scratch, 
   const Splits sp = choose_splits(s, p.head_dim, blocks_per_sm, p.min_split_keys, scratch);
   p.split_target = sp.target;
   p.n_splits = sp.launched;
-  const dim3 grid(static_cast<unsigned>(s.n_chunks), static_cast<unsigned>(p.n_splits), static_cast<unsigned>(s.n_kv));
+  const dim3 grid(static_cast<unsigned>(s.n_chunks), static_cast<unsigned>(p.n_splits),
+                  static_cast<unsigned>(s.n_kv));
   launch_kernel(attention_decode_kernel<NW, NT>, grid, G::kThreads, G::kSmem, stream, p);
   TANDEM_CUDA_TRY_LAUNCH();
   if (p.n_splits == 1) return ok_status();
@@ -432,16 +433,11 @@ Status launch_geo(DecodeParams p, const DecodeShape& s, const Scratch& scratch, 
 template <int NW>
 Status launch_nw(const DecodeParams& p, int nt, const DecodeShape& s, const Scratch& scratch, cudaStream_t stream) {
   switch (nt) {
-    case 1:
-      return launch_geo<NW, 1>(p, s, scratch, stream);
-    case 2:
-      return launch_geo<NW, 2>(p, s, scratch, stream);
-    case 3:
-      return launch_geo<NW, 3>(p, s, scratch, stream);
-    case 4:
-      return launch_geo<NW, 4>(p, s, scratch, stream);
-    default:
-      return launch_geo<NW, 5>(p, s, scratch, stream);
+    case 1: return launch_geo<NW, 1>(p, s, scratch, stream);
+    case 2: return launch_geo<NW, 2>(p, s, scratch, stream);
+    case 3: return launch_geo<NW, 3>(p, s, scratch, stream);
+    case 4: return launch_geo<NW, 4>(p, s, scratch, stream);
+    default: return launch_geo<NW, 5>(p, s, scratch, stream);
   }
 }
 
@@ -460,7 +456,8 @@ bool attention_decode_applies(const AttentionArgs& a) {
          kv.k.stride[0] % 8 == 0 && kv.k.stride[1] % 8 == 0 && kv.v.stride[0] % 8 == 0 && kv.v.stride[1] % 8 == 0;
 }
 
-Status launch_attention_decode(const AttentionArgs& a, int64_t max_keys, const Scratch& scratch, cudaStream_t stream) {
+Status launch_attention_decode(const AttentionArgs& a, int64_t max_keys, const Scratch& scratch,
+                               cudaStream_t stream) {
   const int64_t n_tok = a.q.shape[0], n_heads = a.q.shape[1], head_dim = a.q.shape[2];
   const int64_t n_kv = a.kv.k.shape[0], group = n_heads / n_kv;
   DecodeParams p{};

@@ -190,17 +190,24 @@ __global__ void __launch_bounds__(kMaxThreads, 1) attn_out_mlp_kernel(MlpParams 
 
   // 3. Every block: x1 = x + norm(o) * w_post and xn = norm(x1) * w_pre, thread t < d / 8 holding elements
   //    [8 t, 8 t + 8) (threads past d / 8 add to no sum: block_sum reads d / 32 warps).
-  float x1[8], xn[8];
+  float x1[8] = {}, xn[8] = {};
   {
-    float ov[8] = {}, rv[8] = {}, w_post[8] = {}, w_pre[8] = {};
+    float ov[8] = {}, wv[8] = {}, rv[8] = {};
     if (t < thr_n) {
       const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(p.o) + t);  // written by other blocks: from L2
       load_vec<bf16, 8>(reinterpret_cast<const bf16*>(&raw), ov);
-      load_vec<bf16, 8>(p.x + 8 * t, rv);
-      load_weight<8>(p.w_post, 8 * t, w_post, true);
-      load_weight<8>(p.w_pre, 8 * t, w_pre, true);
     }
-    residual_norm_then_norm(ov, rv, w_post, w_pre, d, p.eps, thr_n / kWarp, x1, xn);
+    const float inv = inv_rms_of(block_sum(add_squares<8>(ov, 0.f), thr_n / kWarp), d, p.eps);
+    if (t < thr_n) {
+      load_weight<8>(p.w_post, 8 * t, wv, true);
+      load_vec<bf16, 8>(p.x + 8 * t, rv);
+    }
+    norm_out<bf16, 8>(ov, inv, wv, rv, 1.f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x1[j] = xn[j] = round_as<bf16>(ov[j]);
+    const float inv2 = inv_rms_of(block_sum(add_squares<8>(x1, 0.f), thr_n / kWarp), d, p.eps);
+    if (t < thr_n) load_weight<8>(p.w_pre, 8 * t, wv, true);
+    norm_out<bf16, 8>(xn, inv2, wv, nullptr, 1.f);
   }
 
   // 4. Gate and up rows [f0, f0 + n_ff), rps per step: thread t multiplies chunk t of each (rows of d values in one
@@ -314,6 +321,8 @@ const DeviceFit& device_fit() {
   }();
   return fit;
 }
+
+bool plain_bf16(const Tensor& t) { return t.dtype == DType::kBF16 && t.is_contiguous() && aligned16(t.data); }
 
 struct Geometry {
   int thr_o = 0, thr_down = 0, threads = 0, rows_alloc = 0, pref = 0, rps = 0;

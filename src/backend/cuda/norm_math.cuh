@@ -1,8 +1,7 @@
 // The element math of RMSNorm on the GPU (spec §1.2), shared by the norm kernels (norm_rope.cu, norm_regs.cu) and
-// the kernels that run a norm inside a larger step (per_layer_input.cu, attn_out_mlp.cu): vector loads and stores of
-// V = 1 or 8 elements, the norm weight, RoPE's rotation of a pair, and the arithmetic of one thread's elements, so
-// that every kernel computing a norm rounds and adds exactly as rms_norm does; and the norm kernels' job
-// descriptions. Included only by .cu files.
+// the kernels that run a norm inside a larger step (per_layer_input.cu): vector loads and stores of V = 1 or 8
+// elements, the norm weight, and the arithmetic of one thread's elements, so that every kernel computing a norm rounds
+// and adds exactly as rms_norm does; and the norm kernels' job descriptions. Included only by .cu files.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -71,8 +70,6 @@ inline NormWeight norm_weight(const Tensor& w) {
 }
 // Whether the kernels read this weight: none, or bf16 / f32.
 inline bool plain_weight(const Tensor& w) { return w.empty() || w.dtype == DType::kBF16 || w.dtype == DType::kF32; }
-// A bf16 tensor the fused kernels read or write with 16-byte vector accesses: contiguous and 16-byte aligned.
-inline bool plain_bf16(const Tensor& t) { return t.dtype == DType::kBF16 && t.is_contiguous() && aligned16(t.data); }
 // A weight the fused kernels read with vector loads for rows of d: none, or d bf16 / f32 values, 16-byte aligned.
 inline bool plain_norm_weight(const Tensor& w, int64_t d) {
   return plain_weight(w) && (w.empty() || (w.numel() == d && aligned16(w.data)));
@@ -142,52 +139,6 @@ __device__ __forceinline__ float round_as(float v) {
   return to_f32(from_f32<T>(v));
 }
 
-// Element i of a norm weight as f32 (1 for a weightless norm), read as load_weight reads it (the norm + RoPE kernels of
-// norm_rope.cu).
-__device__ __forceinline__ float weight_at(const NormWeight& w, int64_t i) {
-  if (w.data == nullptr) return 1.f;
-  if (w.keep) {
-    const uint64_t policy = l2_keep_policy();
-    return w.dtype == DType::kBF16 ? ld_keep(static_cast<const __nv_bfloat16*>(w.data) + i, policy)
-                                   : ld_keep(static_cast<const float*>(w.data) + i, policy);
-  }
-  if (w.dtype == DType::kBF16) return to_f32(static_cast<const __nv_bfloat16*>(w.data)[i]);
-  return static_cast<const float*>(w.data)[i];
-}
-
-// One rotated pair (x1, x2) = (x[j], x[j + half]) -> x * cos + rotate_half(x) * sin, in place. Shared by rope and
-// the RoPE epilogue of rms_norm so both give the same bits. T is the activation type (bf16 or f32).
-template <class T>
-__device__ __forceinline__ void rope_pair(float& x1, float& x2, float c, float s) {
-  if constexpr (sizeof(T) == 2) {
-    // bf16: q * cos + rotate_half(q) * sin with every tensor op rounded to bf16 (spec §1.13 item 4).
-    c = round_as<T>(c);
-    s = round_as<T>(s);
-    const float y1 = round_as<T>(x1 * c) - round_as<T>(x2 * s);
-    x2 = round_as<T>(x2 * c) + round_as<T>(x1 * s);
-    x1 = y1;
-  } else {
-    const float y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
-    x2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
-    x1 = y1;
-  }
-}
-
-// The output of rms_norm with RoPE for one pair (x1, x2) = (x[j], x[j + half]) of a head row after its reduction:
-// x * inv * w rounded to T, then rope_pair's rotation at angle pos * f (f: the pair's inverse frequency; 0, in
-// proportional RoPE, keeps the normed pair as it is). The norm + RoPE kernels' output math (norm_rope.cu).
-template <class T>
-__device__ __forceinline__ void norm_rope_pair(float& x1, float& x2, float inv, float w1, float w2, float f,
-                                               float pos) {
-  x1 = round_as<T>(x1 * inv * w1);
-  x2 = round_as<T>(x2 * inv * w2);
-  if (f != 0.f) {
-    float s, c;
-    sincosf(pos * f, &s, &c);
-    rope_pair<T>(x1, x2, c, s);
-  }
-}
-
 // ss + the squares of v in element order: one thread's share of a row's sum of squares.
 template <int V>
 __device__ __forceinline__ float add_squares(const float (&v)[V], float ss) {
@@ -218,25 +169,6 @@ __device__ __forceinline__ void norm_out(float (&v)[V], float inv, const float (
 #pragma unroll
     for (int j = 0; j < V; ++j) v[j] = round_as<TO>(v[j]) * out_scale;
   }
-}
-
-// rms_norm_then's arithmetic on one thread's 8-element chunk of a bf16 row of d values, with one chunk per thread over
-// n_warps warps (as the register path runs it): x1 = res + norm(o) * w_post and xn = norm(x1) * w_pre, each rounded
-// to bf16. Every thread of the block must call it (two block reductions); threads past the row pass zeros.
-__device__ __forceinline__ void residual_norm_then_norm(const float (&o)[8], const float (&res)[8],
-                                                        const float (&w_post)[8], const float (&w_pre)[8], int64_t d,
-                                                        float eps, int n_warps, float (&x1)[8], float (&xn)[8]) {
-  float v[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] = o[j];
-  const float inv = inv_rms_of(block_sum(add_squares<8>(v, 0.f), n_warps), d, eps);
-  norm_out<__nv_bfloat16, 8>(v, inv, w_post, res, 1.f);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) x1[j] = xn[j] = round_as<__nv_bfloat16>(v[j]);
-  const float inv2 = inv_rms_of(block_sum(add_squares<8>(x1, 0.f), n_warps), d, eps);
-  norm_out<__nv_bfloat16, 8>(xn, inv2, w_pre, nullptr, 1.f);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) xn[j] = round_as<__nv_bfloat16>(xn[j]);
 }
 
 // The fused epilogue of rms_norm (ops.h): out = (residual + y) * out_scale, each stage rounded to out's dtype.

@@ -206,6 +206,24 @@ Status rms_norm_seq_typed(std::span<const RmsNormArgs> stages, cudaStream_t stre
   return ok_status();
 }
 
+// One rotated pair (x1, x2) = (x[j], x[j + half]) -> x * cos + rotate_half(x) * sin, in place. Shared by rope and
+// the RoPE epilogue of rms_norm so both give the same bits. T is the activation type (bf16 or f32).
+template <class T>
+__device__ __forceinline__ void rope_pair(float& x1, float& x2, float c, float s) {
+  if constexpr (sizeof(T) == 2) {
+    // bf16: q * cos + rotate_half(q) * sin with every tensor op rounded to bf16 (spec §1.13 item 4).
+    c = round_as<T>(c);
+    s = round_as<T>(s);
+    const float y1 = round_as<T>(x1 * c) - round_as<T>(x2 * s);
+    x2 = round_as<T>(x2 * c) + round_as<T>(x1 * s);
+    x1 = y1;
+  } else {
+    const float y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+    x2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+    x1 = y1;
+  }
+}
+
 // x [n_tok, n_heads, head_dim] in place; one thread per (token, head, pair j < head_dim / 2).
 template <class T>
 __global__ void rope_kernel(T* x, const int32_t* pos, const float* inv_freq, int64_t n_heads, int64_t head_dim,
@@ -225,6 +243,17 @@ __global__ void rope_kernel(T* x, const int32_t* pos, const float* inv_freq, int
     p[0] = from_f32<T>(x1);
     p[half] = from_f32<T>(x2);
   }
+}
+
+__device__ __forceinline__ float weight_at(const NormWeight& w, int64_t i) {
+  if (w.data == nullptr) return 1.f;
+  if (w.keep) {
+    const uint64_t policy = l2_keep_policy();
+    return w.dtype == DType::kBF16 ? ld_keep(static_cast<const bf16*>(w.data) + i, policy)
+                                   : ld_keep(static_cast<const float*>(w.data) + i, policy);
+  }
+  if (w.dtype == DType::kBF16) return to_f32(static_cast<const bf16*>(w.data)[i]);
+  return static_cast<const float*>(w.data)[i];
 }
 
 // Pair j = threadIdx.x of a norm + RoPE row: its two elements, their weights and the inverse frequency. The
@@ -263,9 +292,14 @@ __device__ __forceinline__ void norm_rope_row(T* dst, const T* xr, float inv, co
                                               const float* inv_freq, int64_t half, const RopePair& mine) {
   for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
     const bool own = j == threadIdx.x;
-    float x1 = own ? mine.x1 : to_f32(xr[j]), x2 = own ? mine.x2 : to_f32(xr[j + half]);
-    norm_rope_pair<T>(x1, x2, inv, own ? mine.w1 : weight_at(w, j), own ? mine.w2 : weight_at(w, j + half),
-                      own ? mine.f : inv_freq[j], pos);
+    float x1 = round_as<T>((own ? mine.x1 : to_f32(xr[j])) * inv * (own ? mine.w1 : weight_at(w, j)));
+    float x2 = round_as<T>((own ? mine.x2 : to_f32(xr[j + half])) * inv * (own ? mine.w2 : weight_at(w, j + half)));
+    const float f = own ? mine.f : inv_freq[j];
+    if (f != 0.f) {  // a zero frequency (proportional RoPE) keeps the normed pair as it is
+      float s, c;
+      sincosf(pos * f, &s, &c);
+      rope_pair<T>(x1, x2, c, s);
+    }
     dst[j] = from_f32<T>(x1);
     dst[j + half] = from_f32<T>(x2);
   }
