@@ -15,6 +15,9 @@
 #                 gemma4-e2b@TANDEM_PLI_PREFETCH=0"; they run on the first round only
 #   AB_BENCH      extra `tandem bench` flags (default: --iters 10 --max-k 4 --no-draft --trace)
 #   AB_BUDGET_S   stop starting benches after this many seconds (default 540)
+#   AB_LINES, AB_LINE_COUNT  the bench lines kept (an extended regex over decode, verify, draft step and K = 4
+#                 round lines by default) and how many of the first (default 5: the two decode lines, verify 2-4)
+#   AB_TIMELINE   the kernel timeline the AB_KERNELS lines come from (default "decode 1 token"; e.g. "verify 5 tokens")
 # Results: $OUT/ab.txt (per run: the decode lines, the draft step and the K = 4 round when drafts are benched, and
 # the kernels named in AB_KERNELS, default per_layer_input|rms_norm|attention) and $OUT/ab-logs.tgz (every full log).
 set -uo pipefail
@@ -77,8 +80,9 @@ bench() {  # bench LABEL BINARY ARCH [ENV...]
   env "$@" timeout 150 "$bin" bench --device cuda --arch "$arch" "${flags[@]}" >"$log" 2>&1
   {
     echo "--- $arch $label (rc $?)"
-    grep -E "decode 1 token|verify [0-9] tokens|draft step|round K=4" "$log" | head -5
-    awk '/kernel timeline, decode 1 token/ {on = 1} on && /^$/ {on = 0} on' "$log" | grep -E "$kernels|most replays" | head -14
+    grep -E "${AB_LINES:-decode 1 token|verify [0-9] tokens|draft step|round K=4}" "$log" | head -"${AB_LINE_COUNT:-5}"
+    awk -v t="${AB_TIMELINE:-decode 1 token}" '$0 ~ "kernel timeline, " t {on = 1} on && /^$/ {on = 0} on' "$log" |
+      grep -E "$kernels|most replays" | head -14
   } | tee -a "$out/ab.txt"
 }
 
