@@ -112,6 +112,8 @@ Status CudaBackend::init() {
   };
   set_programmatic_launch(props_.major >= 9 && !switched_off("TANDEM_PDL"));
   set_weight_prefetch(!switched_off("TANDEM_WEIGHT_PREFETCH"));
+  if (const char* tc = std::getenv("TANDEM_GEMV_TC")) set_gemv_tc(std::string_view(tc) == "1");
+  set_gemv_tc_split(!switched_off("TANDEM_GEMV_TC_SPLIT"));
   set_gemv_balance(!switched_off("TANDEM_GEMV_BALANCE"));
   set_moe_staged(!switched_off("TANDEM_MOE_STAGED"));
   concurrent_streams_ = !switched_off("TANDEM_BRANCHES");

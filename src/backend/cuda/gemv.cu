@@ -12,9 +12,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
 #include "core/strings.h"
@@ -27,23 +29,6 @@ constexpr int kMaxThreads = 512;
 constexpr int kMaxWarps = kMaxThreads / kWarp;
 constexpr int kMaxTokens = 9;
 
-// The output rows of one launch: up to kMaxLinearGroup matrices of the same x (linear_group), segment i taking the
-// blocks from first_block[i] on. out[i] is [T, n_out[i]].
-static_assert(kMaxLinearGroup == 3, "gemv_kernel picks among three segments");
-struct GemvSegs {
-  const bf16* w[kMaxLinearGroup];
-  void* out[kMaxLinearGroup];
-  int64_t n_out[kMaxLinearGroup];
-  int64_t first_block[kMaxLinearGroup];
-  int n;
-};
-
-// Entry si of a segment array, selected without indexing the kernel parameter (which would copy it to local memory).
-template <class V>
-__device__ __forceinline__ V seg_at(const V (&a)[kMaxLinearGroup], int si) {
-  return si == 0 ? a[0] : (si == 1 ? a[1] : a[2]);
-}
-
 // M = 1 weight matrix per segment (linear, linear_group), or 2 (geglu, one segment: rows of w_gate in acc[0], of
 // w_up = w2 in acc[1]). up (M = 1, one segment, or null): the linear_gelu_mul epilogue, row t of up at
 // up + t * up_stride.
@@ -54,10 +39,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   if constexpr (!kEarlyW) pdl_enter();
   __shared__ float partial[kMaxWarps][M * R * T];
   const int threads = static_cast<int>(blockDim.x), warps = threads / kWarp;
-  int si = 0;
-#pragma unroll
-  for (int i = 1; i < kMaxLinearGroup; ++i)
-    if (i < segs.n && blockIdx.x >= segs.first_block[i]) si = i;
+  const int si = gemv_segment(segs, blockIdx.x);
   const bf16* __restrict__ w = seg_at(segs.w, si);
   TO* __restrict__ out = static_cast<TO*>(seg_at(segs.out, si));
   const int64_t n_out = seg_at(segs.n_out, si);
@@ -129,25 +111,15 @@ __global__ void __launch_bounds__(kMaxThreads)
     const int r = i / T, t = i % T;
     const int64_t o = row0 + r;
     if (o >= n_out) continue;
-    float s = 0.f;
+    float s = 0.f, u = 0.f;
 #pragma unroll
     for (int j = 0; j < warps; ++j) s += partial[j][i];
-    TO* dst = out + static_cast<int64_t>(t) * n_out + o;
     if constexpr (M == 2) {
-      float u = 0.f;
 #pragma unroll
       for (int j = 0; j < warps; ++j) u += partial[j][R * T + i];
-      const float g = to_f32(from_f32<TO>(s)), up = to_f32(from_f32<TO>(u));  // the two products, rounded
-      *dst = from_f32<TO>(to_f32(from_f32<TO>(gelu_tanh(g))) * up);
-    } else {
-      float y = alpha * s;
-      if (accumulate) y += to_f32(*dst);
-      if (up != nullptr) {  // gelu_mul(out, out, up) on the product as stored: gelu rounded, then the product
-        const float g = to_f32(from_f32<TO>(y));
-        y = to_f32(from_f32<TO>(gelu_tanh(g))) * to_f32(up[static_cast<int64_t>(t) * up_stride + o]);
-      }
-      *dst = from_f32<TO>(y);
     }
+    gemv_store<TO, M>(out + static_cast<int64_t>(t) * n_out + o, s, u, alpha, accumulate,
+                      up != nullptr ? up + static_cast<int64_t>(t) * up_stride + o : nullptr);
   }
 }
 
@@ -196,6 +168,10 @@ Status launch_rows(GemvSegs segs, const LinearArgs& a, const void* w2, int sm_co
   // Most rows per block (fewest re-reads of x) that still gives every SM a few blocks; fewer when T is large,
   // to bound the M x R x T accumulators.
   constexpr int kMaxR = (T <= 2 ? 8 : (T <= 4 ? 4 : 2)) / M;
+  if (T >= 2 && gemv_tc_takes(T, n_in, n_out)) {
+    return launch_gemv_tc(segs, T, n_in, std::is_same_v<TO, bf16>, a.x.data, w2, a.alpha, a.accumulate, up, up_stride,
+                          weight_prefetch() && !a.w_fresh, sm_count, stream);
+  }
   auto go = [&](auto r_tag) -> Status {
     constexpr int R = decltype(r_tag)::value;
     int64_t blocks = 0;

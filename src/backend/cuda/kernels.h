@@ -91,6 +91,20 @@ bool moe_staged();
 // TANDEM_WEIGHT_PREFETCH=0.
 void set_weight_prefetch(bool on);
 bool weight_prefetch();
+// Whether products of 2..9 rows with K % 32 == 0 and at least 2M weights per launch run on the tensor cores
+// (gemv_tc.cu) instead of the CUDA cores. Off unless TANDEM_GEMV_TC=1 (bench/RESULTS.md run AZ: it gains only
+// with the one-launch GeGLU for up to 9 rows, on E2B, and loses at two rows and on 26B-A4B).
+void set_gemv_tc(bool on);
+bool gemv_tc();
+inline constexpr int64_t kGemvTcMinElems = int64_t{1} << 21;
+// Whether a product of `rows` rows over n_in values into n_out_total outputs (all segments of the launch) takes
+// the tensor cores: the switch is on, 2 <= rows <= 9, n_in % 32 == 0 and n_in * n_out_total >= kGemvTcMinElems
+// (smaller products keep the CUDA-core order that the per-layer-input kernel reproduces).
+bool gemv_tc_takes(int64_t rows, int64_t n_in, int64_t n_out_total);
+// Whether a tensor-core product with too few 16-row strips to give every SM two blocks splits K over a cluster of
+// up to 8 blocks per strip (rank 0 adds their sums in rank order). On unless TANDEM_GEMV_TC_SPLIT=0.
+void set_gemv_tc_split(bool on);
+bool gemv_tc_split();
 // GEMV threads per block (gemv.cu block_threads): 0 = always 256; 1 (the default) = one pass of whole warps over
 // rows of up to 320 16-byte chunks (K <= 2560); 2 = the same up to 512 chunks. TANDEM_GEMV_FIT=N sets it.
 void set_gemv_fit(int mode);
