@@ -183,6 +183,14 @@ TEST_F(CudaGemvTc, SmallOrUnevenShapesKeepTheCudaCores) {
   EXPECT_FALSE(cuda::gemv_tc_takes(5, 1544, 12288)) << "K % 32 != 0";
   EXPECT_FALSE(cuda::gemv_tc_takes(5, 1536, 256)) << "the per-layer-input gate: under 2M weights";
   EXPECT_TRUE(cuda::gemv_tc_takes(5, 1536, 12288));
+  // TANDEM_GEMV_TC_MIN_ROWS: two rows back on the CUDA cores, three still on the tensor cores; 10 turns it off.
+  const int min_before = cuda::gemv_tc_min_rows();
+  cuda::set_gemv_tc_min_rows(3);
+  EXPECT_FALSE(cuda::gemv_tc_takes(2, 1536, 12288));
+  EXPECT_TRUE(cuda::gemv_tc_takes(3, 1536, 12288));
+  cuda::set_gemv_tc_min_rows(10);
+  EXPECT_FALSE(cuda::gemv_tc_takes(9, 1536, 12288));
+  cuda::set_gemv_tc_min_rows(min_before);
 }
 
 }  // namespace

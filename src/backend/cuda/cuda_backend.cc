@@ -4,6 +4,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <cstdlib>
+#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -110,10 +111,21 @@ Status CudaBackend::init() {
     const char* v = std::getenv(name);
     return v != nullptr && std::string_view(v) == "0";
   };
+  // An integer setting in [lo, hi]; unset or anything else (with a warning) leaves the default.
+  auto env_int = [](const char* name, long lo, long hi) -> std::optional<int> {
+    const char* v = std::getenv(name);
+    if (v == nullptr) return std::nullopt;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (end != v && *end == '\0' && n >= lo && n <= hi) return static_cast<int>(n);
+    TANDEM_LOG_WARN("%s=%s ignored (an integer %ld..%ld)", name, v, lo, hi);
+    return std::nullopt;
+  };
   set_programmatic_launch(props_.major >= 9 && !switched_off("TANDEM_PDL"));
   set_weight_prefetch(!switched_off("TANDEM_WEIGHT_PREFETCH"));
   if (const char* tc = std::getenv("TANDEM_GEMV_TC")) set_gemv_tc(std::string_view(tc) == "1");
   set_gemv_tc_split(!switched_off("TANDEM_GEMV_TC_SPLIT"));
+  if (const auto rows = env_int("TANDEM_GEMV_TC_MIN_ROWS", 2, 10)) set_gemv_tc_min_rows(*rows);
   set_gemv_balance(!switched_off("TANDEM_GEMV_BALANCE"));
   set_moe_staged(!switched_off("TANDEM_MOE_STAGED"));
   concurrent_streams_ = !switched_off("TANDEM_BRANCHES");
@@ -129,15 +141,7 @@ Status CudaBackend::init() {
       TANDEM_LOG_WARN("TANDEM_GEMV_FIT=%s ignored (0, 1 or 2)", fit);
     }
   }
-  if (const char* rows = std::getenv("TANDEM_FUSED_GEMV_ROWS")) {
-    char* end = nullptr;
-    const long n = std::strtol(rows, &end, 10);
-    if (end != rows && *end == '\0' && n >= 0 && n <= kMaxFusedGemvRows) {
-      fused_gemv_rows_ = static_cast<int>(n);
-    } else {
-      TANDEM_LOG_WARN("TANDEM_FUSED_GEMV_ROWS=%s ignored (an integer 0..%d)", rows, kMaxFusedGemvRows);
-    }
-  }
+  if (const auto rows = env_int("TANDEM_FUSED_GEMV_ROWS", 0, kMaxFusedGemvRows)) fused_gemv_rows_ = *rows;
   TANDEM_TRY(add_stream());
   TANDEM_ASSIGN_OR_RETURN(gemm_, Gemm::create(props_.multiProcessorCount));
   TANDEM_LOG_DEBUG("cuda:%d: %s, sm_%d%d, %s", index_, props_.name, props_.major, props_.minor,

@@ -32,7 +32,7 @@ constexpr int kStep = 32;     // K values per warp step: 4 lanes x 8 values
 constexpr int kMaxWarps = 8;  // K shares per block
 constexpr int kMaxThreads = kMaxWarps * kWarp;
 constexpr int kUnroll = 4;     // steps whose loads are in flight together
-constexpr int kMinTcRows = 2;  // fewer rows keep the CUDA-core GEMV (one token: its early-weight variant)
+constexpr int kMinTcRows = 2;  // the fewest rows it can take (one token keeps the CUDA-core early-weight GEMV)
 constexpr int kMaxTcRows = 9;
 
 constexpr int kMaxCluster = 8;  // blocks that share a strip's K (portable cluster size)
@@ -190,6 +190,11 @@ std::atomic<bool>& tc_flag() {
   return on;
 }
 
+std::atomic<int>& min_rows() {
+  static std::atomic<int> rows{kMinTcRows};
+  return rows;
+}
+
 std::atomic<bool>& split_flag() {
   static std::atomic<bool> on{true};
   return on;
@@ -238,9 +243,13 @@ void set_gemv_tc(bool on) { tc_flag().store(on, std::memory_order_relaxed); }
 bool gemv_tc() { return tc_flag().load(std::memory_order_relaxed); }
 void set_gemv_tc_split(bool on) { split_flag().store(on, std::memory_order_relaxed); }
 bool gemv_tc_split() { return split_flag().load(std::memory_order_relaxed); }
+void set_gemv_tc_min_rows(int rows) {
+  min_rows().store(std::clamp(rows, kMinTcRows, kMaxTcRows + 1), std::memory_order_relaxed);
+}
+int gemv_tc_min_rows() { return min_rows().load(std::memory_order_relaxed); }
 
 bool gemv_tc_takes(int64_t rows, int64_t n_in, int64_t n_out_total) {
-  return gemv_tc() && rows >= kMinTcRows && rows <= kMaxTcRows && n_in % kStep == 0 &&
+  return gemv_tc() && rows >= gemv_tc_min_rows() && rows <= kMaxTcRows && n_in % kStep == 0 &&
          n_in * n_out_total >= kGemvTcMinElems;
 }
 

@@ -105,6 +105,10 @@ bool gemv_tc_takes(int64_t rows, int64_t n_in, int64_t n_out_total);
 // up to 8 blocks per strip (rank 0 adds their sums in rank order). On unless TANDEM_GEMV_TC_SPLIT=0.
 void set_gemv_tc_split(bool on);
 bool gemv_tc_split();
+// The fewest rows the tensor cores take (2..10; 10: none). Default 2; TANDEM_GEMV_TC_MIN_ROWS=N sets it. Run AZ: at
+// 2 rows the CUDA-core products were faster on every architecture.
+void set_gemv_tc_min_rows(int rows);
+int gemv_tc_min_rows();
 // GEMV threads per block (gemv.cu block_threads): 0 = always 256; 1 (the default) = one pass of whole warps over
 // rows of up to 320 16-byte chunks (K <= 2560); 2 = the same up to 512 chunks. TANDEM_GEMV_FIT=N sets it.
 void set_gemv_fit(int mode);
