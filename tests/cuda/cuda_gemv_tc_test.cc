@@ -1,9 +1,10 @@
 // The verify-pass products on the tensor cores (gemv_tc.cu): linear, linear_group, geglu and linear_gelu_mul of
 // 2..9 rows with K % 32 == 0 and at least kGemvTcMinElems weights, against ref::linear and bitwise against their
 // own composites; the sums of a row do not depend on the other rows; switched off, the CUDA-core GEMV takes the
-// same shapes. Every shape asserts that the tensor-core path takes it, so a silent fallback cannot pass.
+// same shapes; gemm.cu's per-shape timing with the CUDA cores as a third candidate. Every shape asserts that the tensor-core path takes it, so a silent fallback cannot pass.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -174,6 +175,39 @@ TEST_F(CudaGemvTc, FusedProductsEqualTheirCompositesBitwise) {
     }
   }
   be().set_fused_gemv_rows(rows_before);
+}
+
+TEST_F(CudaGemvTc, AutoModeTimesTheCudaCoresToo) {
+  // kAuto with the tensor cores on: the first product of a shape they take times them, the CUDA-core GEMV and
+  // cuBLASLt, and every later call takes the winner: bit-identical repeats that match the reference. (The shape is
+  // used by no other test, so its timing runs here.)
+  TcMode mode(be(), true);
+  be().set_gemv_mode(cuda::GemvMode::kAuto);
+  const int64_t n_tok = 5, K = 1536, N = 1400;
+  ASSERT_TRUE(cuda::gemv_tc_takes(n_tok, K, N));
+  DeviceTensor x(be(), kBF16, {n_tok, K}), w(be(), kBF16, {N, K}), out(be(), kBF16, {n_tok, N});
+  fill_random(x.host(), 9300);
+  fill_random(w.host(), 9301);
+  x.upload();
+  w.upload();
+  const LinearArgs args{.out = out, .x = x, .w = w};
+  out.poison();
+  be().linear(args);
+  out.download();
+  HostTensor first(kBF16, {n_tok, N}), want(kBF16, {n_tok, N});
+  first.copy_from(out.host());
+  ref::linear({.out = want, .x = x.host(), .w = w.host()});
+  expect_close(first, want, tolerance_for(kBF16, true));
+  Result<cuda::LinearPath> path = be().linear_path(args);
+  ASSERT_TRUE(path.ok()) << path.status().to_string();
+  std::printf("[gemv auto, tensor cores on] T=%lld [%lld x %lld]: %s\n", static_cast<long long>(n_tok),
+              static_cast<long long>(N), static_cast<long long>(K), cuda::linear_path_name(*path));
+  for (int i = 0; i < 3; ++i) {
+    out.poison();
+    be().linear(args);
+    out.download();
+    ASSERT_TRUE(same_bits(out.host(), first)) << "repeat " << i;
+  }
 }
 
 TEST_F(CudaGemvTc, SmallOrUnevenShapesKeepTheCudaCores) {

@@ -187,7 +187,7 @@ Result<LinearPath> Gemm::choose(const LinearArgs& a) {
   const bool auto_gemv = gemv_mode_ == GemvMode::kAuto && gemv_ok && a.x.rows() <= kAutoGemvRows;
   if (cublaslt_eligible(a)) {
     TANDEM_ASSIGN_OR_RETURN(const Plan* p, plan(Key{a.x.rows(), a.w.dim(0), a.w.dim(1), a.out.dtype}));
-    if (p->has_algo) return auto_gemv && p->gemv_faster == 1 ? LinearPath::kGemv : LinearPath::kCublasLt;
+    if (p->has_algo) return auto_gemv && p->pick > kPickCublasLt ? LinearPath::kGemv : LinearPath::kCublasLt;
   }
   if (auto_gemv) return LinearPath::kGemv;  // cuBLASLt cannot take it
   if (f32_or_bf16(a.w.dtype) && f32_or_bf16(a.x.dtype) && f32_or_bf16(a.out.dtype)) return LinearPath::kSimple;
@@ -219,7 +219,12 @@ Status Gemm::tune(const LinearArgs& a, Plan* p, cudaStream_t stream, void* works
   };
   TANDEM_ASSIGN_OR_RETURN(const float gemv_ms, time_best([&] { return launch_gemv(a, sm_count_, stream); }));
   TANDEM_ASSIGN_OR_RETURN(const float lt_ms, time_best([&] { return run_cublaslt(a, *p, stream, workspace); }));
-  p->gemv_faster = gemv_ms < lt_ms ? 1 : 0;
+  p->pick = gemv_ms < lt_ms ? kPickGemv : kPickCublasLt;
+  if (gemv_tc_takes(a.x.rows(), a.w.dim(1), a.w.dim(0))) {
+    // The GEMV above ran on the tensor cores: the CUDA-core kernel is a third candidate (bench/RESULTS.md run AZ).
+    TANDEM_ASSIGN_OR_RETURN(const float cores_ms, time_best([&] { return launch_gemv(a, sm_count_, stream, false); }));
+    if (cores_ms < std::min(gemv_ms, lt_ms)) p->pick = kPickCudaCores;
+  }
   return ok_status();
 }
 
@@ -230,11 +235,18 @@ Status Gemm::run(const LinearArgs& a, cudaStream_t stream, void* workspace) {
     TANDEM_ASSIGN_OR_RETURN(Plan* p, plan(Key{a.x.rows(), a.w.dim(0), a.w.dim(1), a.out.dtype}));
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     TANDEM_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
-    if (p->has_algo && p->gemv_faster < 0 && capture == cudaStreamCaptureStatusNone)
-      TANDEM_TRY(tune(a, p, stream, workspace));
+    if (p->has_algo && p->pick < 0 && capture == cudaStreamCaptureStatusNone) TANDEM_TRY(tune(a, p, stream, workspace));
   }
   TANDEM_ASSIGN_OR_RETURN(const LinearPath path, choose(a));
-  if (path == LinearPath::kGemv) return launch_gemv(a, sm_count_, stream);
+  if (path == LinearPath::kGemv) {
+    // A shape timed fastest on the CUDA cores stays there (only kAuto times and reads the pick).
+    bool tc = true;
+    if (gemv_mode_ == GemvMode::kAuto && cublaslt_eligible(a)) {
+      TANDEM_ASSIGN_OR_RETURN(const Plan* p, plan(Key{a.x.rows(), a.w.dim(0), a.w.dim(1), a.out.dtype}));
+      tc = p->pick != kPickCudaCores;
+    }
+    return launch_gemv(a, sm_count_, stream, tc);
+  }
   if (path != LinearPath::kCublasLt) return launch_linear_simple(a, stream);
   TANDEM_ASSIGN_OR_RETURN(const Plan* p, plan(Key{a.x.rows(), a.w.dim(0), a.w.dim(1), a.out.dtype}));
   return run_cublaslt(a, *p, stream, workspace);

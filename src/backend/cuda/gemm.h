@@ -1,8 +1,9 @@
 // linear() on the GPU (ops.h LinearArgs: out[T, N] = alpha * x[T, K] @ w[N, K]^T (+ out)). For 1-9 bf16 rows
-// (decode and verify) each shape is timed once on tandem's GEMV kernel (gemv.cu) and on cuBLASLt, outside any graph
-// capture, and the faster is kept (TANDEM_GEMV=1 forces the GEMV, =0 turns it off); other bf16 operands
-// with 16-byte aligned rows go to cuBLASLt (fp32 compute, bf16 or f32 out, one cached plan per shape, a workspace per
-// stream); anything else (odd K or N, f32 operands) to a plain warp-per-output kernel, so every shape works.
+// (decode and verify) each shape is timed once on tandem's GEMV kernel (gemv.cu; where its tensor-core kernel takes
+// the shape, on the CUDA cores too) and on cuBLASLt, outside any graph capture, and the fastest is kept (TANDEM_GEMV=1
+// forces the GEMV, =0 turns it off); other bf16 operands with 16-byte aligned rows go to cuBLASLt (fp32 compute, bf16
+// or f32 out, one cached plan per shape, a workspace per stream); anything else (odd K or N, f32 operands) to a plain
+// warp-per-output kernel, so every shape works.
 #pragma once
 
 #include <cstdint>
@@ -54,12 +55,17 @@ class Gemm {
     cublasLtMatrixLayout_t w = nullptr, x = nullptr, out = nullptr;
     cublasLtMatmulAlgo_t algo{};
     bool has_algo = false;
-    int8_t gemv_faster = -1;  // kAuto: -1 not timed yet, else whether the GEMV kernel beat cuBLASLt here
+    // kAuto: -1 not timed yet, else the fastest here: kPickCublasLt, kPickGemv (on the tensor cores where
+    // gemv_tc_takes) or kPickCudaCores (the GEMV on the CUDA cores, which beat the tensor cores that would take it).
+    int8_t pick = -1;
   };
+
+  static constexpr int8_t kPickCublasLt = 0, kPickGemv = 1, kPickCudaCores = 2;
 
   Gemm(cublasLtHandle_t handle, int sm_count);
   Result<Plan*> plan(const Key& key);
-  // Times both paths on `a` (which must not accumulate) and records the faster in `p`.
+  // Times the paths on `a` (which must not accumulate): cuBLASLt and the GEMV, and where the tensor cores take the
+  // GEMV, also the GEMV on the CUDA cores; records the fastest in `p`.
   Status tune(const LinearArgs& a, Plan* p, cudaStream_t stream, void* workspace);
   Status run_cublaslt(const LinearArgs& a, const Plan& p, cudaStream_t stream, void* workspace);
   static void destroy(Plan& p);

@@ -158,17 +158,17 @@ int block_threads(int64_t chunks) {
 }
 
 // w2 = nullptr: linear or linear_group; else geglu with segs.w[0] = w_gate, w2 = w_up. up: the linear_gelu_mul
-// epilogue (or null). Fills first_block.
+// epilogue (or null). allow_tc: hand the product to the tensor cores where gemv_tc_takes. Fills first_block.
 template <int T, class TO, int M = 1>
 Status launch_rows(GemvSegs segs, const LinearArgs& a, const void* w2, int sm_count, cudaStream_t stream,
-                   const void* up = nullptr, int64_t up_stride = 0) {
+                   const void* up = nullptr, int64_t up_stride = 0, bool allow_tc = true) {
   const int64_t n_in = a.w.dim(1);
   int64_t n_out = 0;
   for (int i = 0; i < segs.n; ++i) n_out += segs.n_out[i];
   // Most rows per block (fewest re-reads of x) that still gives every SM a few blocks; fewer when T is large,
   // to bound the M x R x T accumulators.
   constexpr int kMaxR = (T <= 2 ? 8 : (T <= 4 ? 4 : 2)) / M;
-  if (T >= 2 && gemv_tc_takes(T, n_in, n_out)) {
+  if (T >= 2 && allow_tc && gemv_tc_takes(T, n_in, n_out)) {
     return launch_gemv_tc(segs, T, n_in, std::is_same_v<TO, bf16>, a.x.data, w2, a.alpha, a.accumulate, up, up_stride,
                           weight_prefetch() && !a.w_fresh, sm_count, stream);
   }
@@ -240,9 +240,11 @@ Status with_rows(int64_t rows, F&& f) {
 }
 
 template <class TO>
-Status launch_tokens(const GemvSegs& segs, const LinearArgs& a, int sm_count, cudaStream_t stream) {
-  return with_rows(a.x.rows(),
-                   [&](auto t) { return launch_rows<decltype(t)::value, TO>(segs, a, nullptr, sm_count, stream); });
+Status launch_tokens(const GemvSegs& segs, const LinearArgs& a, int sm_count, cudaStream_t stream,
+                     bool allow_tc = true) {
+  return with_rows(a.x.rows(), [&](auto t) {
+    return launch_rows<decltype(t)::value, TO>(segs, a, nullptr, sm_count, stream, nullptr, 0, allow_tc);
+  });
 }
 
 std::atomic<bool>& weight_prefetch_flag() {
@@ -266,10 +268,10 @@ bool gemv_eligible(const LinearArgs& a) {
          a.w.dim(0) > 0 && a.w.dim(1) >= 8 && a.w.dim(1) % 8 == 0 && aligned16(a.w.data) && aligned16(a.x.data);
 }
 
-Status launch_gemv(const LinearArgs& a, int sm_count, cudaStream_t stream) {
+Status launch_gemv(const LinearArgs& a, int sm_count, cudaStream_t stream, bool allow_tc) {
   if (!gemv_eligible(a)) return internal_error("cuda gemv: arguments it does not take");
-  return a.out.dtype == DType::kBF16 ? launch_tokens<bf16>(one_segment(a), a, sm_count, stream)
-                                     : launch_tokens<float>(one_segment(a), a, sm_count, stream);
+  return a.out.dtype == DType::kBF16 ? launch_tokens<bf16>(one_segment(a), a, sm_count, stream, allow_tc)
+                                     : launch_tokens<float>(one_segment(a), a, sm_count, stream, allow_tc);
 }
 
 bool gemv_group_eligible(const LinearGroupArgs& a, int max_rows) {
