@@ -229,24 +229,20 @@ Status Gemm::tune(const LinearArgs& a, Plan* p, cudaStream_t stream, void* works
 }
 
 Status Gemm::run(const LinearArgs& a, cudaStream_t stream, void* workspace) {
-  if (gemv_mode_ == GemvMode::kAuto && !a.accumulate && a.x.rows() <= kAutoGemvRows && gemv_eligible(a) &&
-      cublaslt_eligible(a)) {
-    // First use of a decode shape outside a graph capture: time both paths (the output is written either way).
-    TANDEM_ASSIGN_OR_RETURN(Plan* p, plan(Key{a.x.rows(), a.w.dim(0), a.w.dim(1), a.out.dtype}));
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    TANDEM_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
-    if (p->has_algo && p->pick < 0 && capture == cudaStreamCaptureStatusNone) TANDEM_TRY(tune(a, p, stream, workspace));
+  Plan* timed = nullptr;  // the plan of a decode shape that kAuto times, and whose pick it then follows
+  if (gemv_mode_ == GemvMode::kAuto && a.x.rows() <= kAutoGemvRows && gemv_eligible(a) && cublaslt_eligible(a)) {
+    TANDEM_ASSIGN_OR_RETURN(timed, plan(Key{a.x.rows(), a.w.dim(0), a.w.dim(1), a.out.dtype}));
+    if (!a.accumulate && timed->has_algo && timed->pick < 0) {
+      // First use of a decode shape outside a graph capture: time the paths (the output is written either way).
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      TANDEM_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+      if (capture == cudaStreamCaptureStatusNone) TANDEM_TRY(tune(a, timed, stream, workspace));
+    }
   }
   TANDEM_ASSIGN_OR_RETURN(const LinearPath path, choose(a));
-  if (path == LinearPath::kGemv) {
-    // A shape timed fastest on the CUDA cores stays there (only kAuto times and reads the pick).
-    bool tc = true;
-    if (gemv_mode_ == GemvMode::kAuto && cublaslt_eligible(a)) {
-      TANDEM_ASSIGN_OR_RETURN(const Plan* p, plan(Key{a.x.rows(), a.w.dim(0), a.w.dim(1), a.out.dtype}));
-      tc = p->pick != kPickCudaCores;
-    }
-    return launch_gemv(a, sm_count_, stream, tc);
-  }
+  // A shape timed fastest on the CUDA cores stays there.
+  if (path == LinearPath::kGemv)
+    return launch_gemv(a, sm_count_, stream, timed == nullptr || timed->pick != kPickCudaCores);
   if (path != LinearPath::kCublasLt) return launch_linear_simple(a, stream);
   TANDEM_ASSIGN_OR_RETURN(const Plan* p, plan(Key{a.x.rows(), a.w.dim(0), a.w.dim(1), a.out.dtype}));
   return run_cublaslt(a, *p, stream, workspace);

@@ -34,6 +34,7 @@ constexpr int kMaxThreads = kMaxWarps * kWarp;
 constexpr int kUnroll = 4;     // steps whose loads are in flight together
 constexpr int kMinTcRows = 2;  // the fewest rows it can take (one token keeps the CUDA-core early-weight GEMV)
 constexpr int kMaxTcRows = 9;
+constexpr int64_t kMinElems = int64_t{1} << 21;  // fewer weights keep the CUDA cores (kernels.h gemv_tc_takes)
 
 constexpr int kMaxCluster = 8;  // blocks that share a strip's K (portable cluster size)
 
@@ -250,7 +251,7 @@ int gemv_tc_min_rows() { return min_rows().load(std::memory_order_relaxed); }
 
 bool gemv_tc_takes(int64_t rows, int64_t n_in, int64_t n_out_total) {
   return gemv_tc() && rows >= gemv_tc_min_rows() && rows <= kMaxTcRows && n_in % kStep == 0 &&
-         n_in * n_out_total >= kGemvTcMinElems;
+         n_in * n_out_total >= kMinElems;
 }
 
 Status launch_gemv_tc(GemvSegs segs, int64_t rows, int64_t n_in, bool out_bf16, const void* x, const void* w2,

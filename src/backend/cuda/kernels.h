@@ -96,9 +96,8 @@ bool weight_prefetch();
 // with the one-launch GeGLU for up to 9 rows, on E2B, and loses at two rows and on 26B-A4B).
 void set_gemv_tc(bool on);
 bool gemv_tc();
-inline constexpr int64_t kGemvTcMinElems = int64_t{1} << 21;
 // Whether a product of `rows` rows over n_in values into n_out_total outputs (all segments of the launch) takes
-// the tensor cores: the switch is on, 2 <= rows <= 9, n_in % 32 == 0 and n_in * n_out_total >= kGemvTcMinElems
+// the tensor cores: the switch is on, gemv_tc_min_rows() <= rows <= 9, n_in % 32 == 0 and n_in * n_out_total >= 2M
 // (smaller products keep the CUDA-core order that the per-layer-input kernel reproduces).
 bool gemv_tc_takes(int64_t rows, int64_t n_in, int64_t n_out_total);
 // Whether a tensor-core product with too few 16-row strips to give every SM two blocks splits K over a cluster of
