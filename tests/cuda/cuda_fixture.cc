@@ -2,11 +2,13 @@
 #include "cuda/cuda_fixture.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
 
 #include "core/strings.h"
+#include "kernels/ref/ref.h"
 
 namespace tandem::testing {
 namespace {
@@ -131,6 +133,72 @@ bool same_bits(const HostTensor& a, const HostTensor& b) {
 void fill_random(HostTensor& t, uint32_t seed) {
   std::mt19937 rng(seed);
   t.fill_uniform(rng, -1.f, 1.f);
+}
+
+void check_linear(cuda::CudaBackend& be, const LinearCase& c, int64_t n_tok, bool accumulate, uint32_t seed,
+                  bool gemv) {
+  SCOPED_TRACE(strfmt("T %lld K %lld N %lld x %s w %s out %s accumulate %d gemv %d", static_cast<long long>(n_tok),
+                      static_cast<long long>(c.n_in), static_cast<long long>(c.n_out), dtype_name(c.x), dtype_name(c.w),
+                      dtype_name(c.out), accumulate, gemv));
+  GemvModeScope mode(be, gemv ? cuda::GemvMode::kOn : cuda::GemvMode::kOff);
+  DeviceTensor x(be, c.x, {n_tok, c.n_in}), w(be, c.w, {c.n_out, c.n_in}), out(be, c.out, {n_tok, c.n_out});
+  fill_random(x.host(), seed);
+  fill_random(w.host(), seed + 1);
+  x.upload();
+  w.upload();
+  HostTensor want(c.out, {n_tok, c.n_out});
+  if (accumulate) {
+    fill_random(out.host(), seed + 2);
+    out.upload();
+    want.copy_from(out.host());
+  } else {
+    out.poison();
+  }
+  const float alpha = accumulate ? 0.5f : 1.f;
+  const LinearArgs args{.out = out, .x = x, .w = w, .alpha = alpha, .accumulate = accumulate};
+  Result<cuda::LinearPath> path = be.linear_path(args);
+  ASSERT_TRUE(path.ok()) << path.status().to_string();
+  // While it is on, the GEMV kernel takes every bf16 product of 1..9 rows with K % 8 == 0 (fresh, aligned buffers).
+  const bool gemv_takes = gemv && n_tok <= 9 && c.x == DType::kBF16 && c.w == DType::kBF16 && c.n_in % 8 == 0;
+  const cuda::LinearPath want_path = gemv_takes ? cuda::LinearPath::kGemv : c.path;
+  EXPECT_EQ(*path, want_path) << "path " << cuda::linear_path_name(*path);
+  be.linear(args);
+  out.download();
+  ref::linear({.out = want, .x = x.host(), .w = w.host(), .alpha = alpha, .accumulate = accumulate});
+  expect_close(out.host(), want, tolerance_for(c.out, /*is_linear=*/true));
+}
+
+void check_auto_linear(cuda::CudaBackend& be, int64_t n_tok, int64_t n_out, int64_t n_in, uint32_t seed,
+                       const char* label) {
+  SCOPED_TRACE(strfmt("%s: T=%lld [%lld x %lld]", label, static_cast<long long>(n_tok), static_cast<long long>(n_out),
+                      static_cast<long long>(n_in)));
+  GemvModeScope mode(be, cuda::GemvMode::kAuto);
+  constexpr DType kBF16 = DType::kBF16;
+  DeviceTensor x(be, kBF16, {n_tok, n_in}), w(be, kBF16, {n_out, n_in}), out(be, kBF16, {n_tok, n_out});
+  fill_random(x.host(), seed);
+  fill_random(w.host(), seed + 1);
+  x.upload();
+  w.upload();
+  const LinearArgs args{.out = out, .x = x, .w = w};
+  out.poison();
+  be.linear(args);
+  out.download();
+  HostTensor first(kBF16, {n_tok, n_out}), want(kBF16, {n_tok, n_out});
+  first.copy_from(out.host());
+  ref::linear({.out = want, .x = x.host(), .w = w.host()});
+  expect_close(first, want, tolerance_for(kBF16, true));
+  Result<cuda::LinearPath> path = be.linear_path(args);
+  ASSERT_TRUE(path.ok()) << path.status().to_string();
+  EXPECT_TRUE(*path == cuda::LinearPath::kGemv || *path == cuda::LinearPath::kCublasLt)
+      << cuda::linear_path_name(*path);
+  std::printf("[%s] T=%lld [%lld x %lld]: %s\n", label, static_cast<long long>(n_tok), static_cast<long long>(n_out),
+              static_cast<long long>(n_in), cuda::linear_path_name(*path));
+  for (int i = 0; i < 3; ++i) {
+    out.poison();
+    be.linear(args);
+    out.download();
+    for (int64_t j = 0; j < n_tok * n_out; ++j) ASSERT_EQ(out.host().get(j), first.get(j)) << "element " << j;
+  }
 }
 
 }  // namespace tandem::testing

@@ -72,15 +72,39 @@ void fill_random(HostTensor& t, uint32_t seed);
 // Whether two host tensors hold the same bytes (bit-identical results of a fused kernel and its composite).
 bool same_bits(const HostTensor& a, const HostTensor& b);
 
-// Pins the backend's products to the GEMV for its lifetime (fused kernels reproduce the GEMV's arithmetic, so
-// their tests compare against composites on it), then restores the mode.
-struct GemvOn {
-  explicit GemvOn(cuda::CudaBackend& b) : be(b), mode(b.gemv_mode()) { be.set_gemv_mode(cuda::GemvMode::kOn); }
-  ~GemvOn() { be.set_gemv_mode(mode); }
-  GemvOn(const GemvOn&) = delete;
-  GemvOn& operator=(const GemvOn&) = delete;
+// One linear() shape and the path it must take with the GEMV switched off.
+struct LinearCase {
+  int64_t n_in, n_out;
+  DType x, w, out;
+  cuda::LinearPath path;
+};
+// Runs one linear on random data from `seed` against ref::linear, with the GEMV on (kOn: it must take every bf16
+// product of 1..9 rows with K % 8 == 0) or off (c.path); `accumulate` pre-fills out with random values and halves
+// alpha.
+void check_linear(cuda::CudaBackend& be, const LinearCase& c, int64_t n_tok, bool accumulate, uint32_t seed,
+                  bool gemv = true);
+
+// kAuto's per-shape timing (gemm.h) on a bf16 product [n_tok, n_in] x [n_out, n_in]^T of random data from `seed`:
+// the first call times the paths and keeps one, whose output must match ref::linear; the path must be the GEMV or
+// cuBLASLt (printed after `label`); three more calls must give the same bits. The mode is kAuto for the call and
+// restored after.
+void check_auto_linear(cuda::CudaBackend& be, int64_t n_tok, int64_t n_out, int64_t n_in, uint32_t seed,
+                       const char* label);
+
+// Sets the backend's GEMV mode (gemm.h) for its lifetime, then restores the mode it found.
+struct GemvModeScope {
+  GemvModeScope(cuda::CudaBackend& b, cuda::GemvMode m) : be(b), mode(b.gemv_mode()) { be.set_gemv_mode(m); }
+  ~GemvModeScope() { be.set_gemv_mode(mode); }
+  GemvModeScope(const GemvModeScope&) = delete;
+  GemvModeScope& operator=(const GemvModeScope&) = delete;
   cuda::CudaBackend& be;
   cuda::GemvMode mode;
+};
+
+// Pins the backend's products to the GEMV for its lifetime (fused kernels reproduce the GEMV's arithmetic, so
+// their tests compare against composites on it), then restores the mode.
+struct GemvOn : GemvModeScope {
+  explicit GemvOn(cuda::CudaBackend& b) : GemvModeScope(b, cuda::GemvMode::kOn) {}
 };
 
 }  // namespace tandem::testing

@@ -1,10 +1,10 @@
 // The verify-pass products on the tensor cores (gemv_tc.cu): linear, linear_group, geglu and linear_gelu_mul of
-// 2..9 rows with K % 32 == 0 and at least kGemvTcMinElems weights, against ref::linear and bitwise against their
-// own composites; the sums of a row do not depend on the other rows; switched off, the CUDA-core GEMV takes the
-// same shapes; gemm.cu's per-shape timing with the CUDA cores as a third candidate. Every shape asserts that the tensor-core path takes it, so a silent fallback cannot pass.
+// 2..9 rows with K % 32 == 0 and at least 2M weights, against ref::linear and bitwise against their own composites;
+// the sums of a row do not depend on the other rows; switched off, the CUDA-core GEMV takes the same shapes;
+// gemm.cu's per-shape timing with the CUDA cores as a third candidate. Every shape asserts that the tensor-core path
+// takes it, so a silent fallback cannot pass.
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -55,34 +55,12 @@ TEST_F(CudaGemvTc, LinearMatchesReferenceAtEveryVerifySize) {
       for (int64_t n_tok = 2; n_tok <= 9; ++n_tok) {
         const DType out_dt = n_tok % 2 ? kF32 : kBF16;
         const bool accumulate = n_tok % 3 == 0;
-        SCOPED_TRACE(strfmt("tc %d split %d K %lld N %lld T %lld out %s accumulate %d", tc, split,
-                            static_cast<long long>(s.n_in), static_cast<long long>(s.n_out),
-                            static_cast<long long>(n_tok), dtype_name(out_dt), accumulate));
+        SCOPED_TRACE(strfmt("tc %d split %d K %lld N %lld T %lld", tc, split, static_cast<long long>(s.n_in),
+                            static_cast<long long>(s.n_out), static_cast<long long>(n_tok)));
         EXPECT_EQ(cuda::gemv_tc_takes(n_tok, s.n_in, s.n_out), tc);
-        DeviceTensor x(be(), kBF16, {n_tok, s.n_in}), w(be(), kBF16, {s.n_out, s.n_in}),
-            out(be(), out_dt, {n_tok, s.n_out});
-        fill_random(x.host(), seed);
-        fill_random(w.host(), seed + 1);
-        x.upload();
-        w.upload();
-        HostTensor want(out_dt, {n_tok, s.n_out});
-        if (accumulate) {
-          fill_random(out.host(), seed + 2);
-          out.upload();
-          want.copy_from(out.host());
-        } else {
-          out.poison();
-        }
+        // The GEMV must take it (check_linear asserts the path); against ref::linear.
+        check_linear(be(), {s.n_in, s.n_out, kBF16, kBF16, out_dt, cuda::LinearPath::kGemv}, n_tok, accumulate, seed);
         seed += 3;
-        const float alpha = accumulate ? 0.5f : 1.f;
-        const LinearArgs args{.out = out, .x = x, .w = w, .alpha = alpha, .accumulate = accumulate};
-        Result<cuda::LinearPath> path = be().linear_path(args);
-        ASSERT_TRUE(path.ok()) << path.status().to_string();
-        EXPECT_EQ(*path, cuda::LinearPath::kGemv);
-        be().linear(args);
-        out.download();
-        ref::linear({.out = want, .x = x.host(), .w = w.host(), .alpha = alpha, .accumulate = accumulate});
-        expect_close(out.host(), want, tolerance_for(out_dt, /*is_linear=*/true));
       }
     }
   }
@@ -182,32 +160,8 @@ TEST_F(CudaGemvTc, AutoModeTimesTheCudaCoresToo) {
   // cuBLASLt, and every later call takes the winner: bit-identical repeats that match the reference. (The shape is
   // used by no other test, so its timing runs here.)
   TcMode mode(be(), true);
-  be().set_gemv_mode(cuda::GemvMode::kAuto);
-  const int64_t n_tok = 5, K = 1536, N = 1400;
-  ASSERT_TRUE(cuda::gemv_tc_takes(n_tok, K, N));
-  DeviceTensor x(be(), kBF16, {n_tok, K}), w(be(), kBF16, {N, K}), out(be(), kBF16, {n_tok, N});
-  fill_random(x.host(), 9300);
-  fill_random(w.host(), 9301);
-  x.upload();
-  w.upload();
-  const LinearArgs args{.out = out, .x = x, .w = w};
-  out.poison();
-  be().linear(args);
-  out.download();
-  HostTensor first(kBF16, {n_tok, N}), want(kBF16, {n_tok, N});
-  first.copy_from(out.host());
-  ref::linear({.out = want, .x = x.host(), .w = w.host()});
-  expect_close(first, want, tolerance_for(kBF16, true));
-  Result<cuda::LinearPath> path = be().linear_path(args);
-  ASSERT_TRUE(path.ok()) << path.status().to_string();
-  std::printf("[gemv auto, tensor cores on] T=%lld [%lld x %lld]: %s\n", static_cast<long long>(n_tok),
-              static_cast<long long>(N), static_cast<long long>(K), cuda::linear_path_name(*path));
-  for (int i = 0; i < 3; ++i) {
-    out.poison();
-    be().linear(args);
-    out.download();
-    ASSERT_TRUE(same_bits(out.host(), first)) << "repeat " << i;
-  }
+  ASSERT_TRUE(cuda::gemv_tc_takes(5, 1536, 1400));
+  check_auto_linear(be(), 5, 1400, 1536, 9300, "gemv auto, tensor cores on");
 }
 
 TEST_F(CudaGemvTc, SmallOrUnevenShapesKeepTheCudaCores) {

@@ -20,51 +20,7 @@ using cuda::LinearPath;
 
 using CudaLinear = CudaTest;
 
-struct Case {
-  int64_t n_in, n_out;
-  DType x, w, out;
-  LinearPath path;
-};
-
-// Runs one linear on random data against the reference; `accumulate` pre-fills out with random values.
-void check_linear(cuda::CudaBackend& be, const Case& c, int64_t n_tok, bool accumulate, uint32_t seed,
-                  bool gemv = true) {
-  SCOPED_TRACE(strfmt("T %lld K %lld N %lld x %s w %s out %s accumulate %d gemv %d", static_cast<long long>(n_tok),
-                      static_cast<long long>(c.n_in), static_cast<long long>(c.n_out), dtype_name(c.x),
-                      dtype_name(c.w), dtype_name(c.out), accumulate, gemv));
-  const cuda::GemvMode before = be.gemv_mode();
-  be.set_gemv_mode(gemv ? cuda::GemvMode::kOn : cuda::GemvMode::kOff);
-  DeviceTensor x(be, c.x, {n_tok, c.n_in}), w(be, c.w, {c.n_out, c.n_in}), out(be, c.out, {n_tok, c.n_out});
-  fill_random(x.host(), seed);
-  fill_random(w.host(), seed + 1);
-  x.upload();
-  w.upload();
-  HostTensor want(c.out, {n_tok, c.n_out});
-  if (accumulate) {
-    fill_random(out.host(), seed + 2);
-    out.upload();
-    want.copy_from(out.host());
-  } else {
-    out.poison();
-  }
-  const float alpha = accumulate ? 0.5f : 1.f;
-  struct RestoreGemv {
-    cuda::CudaBackend& be;
-    cuda::GemvMode mode;
-    ~RestoreGemv() { be.set_gemv_mode(mode); }
-  } restore{be, before};
-  const LinearArgs args{.out = out, .x = x, .w = w, .alpha = alpha, .accumulate = accumulate};
-  Result<LinearPath> path = be.linear_path(args);
-  ASSERT_TRUE(path.ok()) << path.status().to_string();
-  // While it is on, the GEMV kernel takes every bf16 product of 1..9 rows with K % 8 == 0 (fresh, aligned buffers).
-  const bool gemv_takes = gemv && n_tok <= 9 && c.x == kBF16 && c.w == kBF16 && c.n_in % 8 == 0;
-  const LinearPath want_path = gemv_takes ? LinearPath::kGemv : c.path;
-  EXPECT_EQ(*path, want_path) << "path " << cuda::linear_path_name(*path);
-  be.linear(args);
-  out.download();
-  ref::linear({.out = want, .x = x.host(), .w = w.host(), .alpha = alpha, .accumulate = accumulate});
-  expect_close(out.host(), want, tolerance_for(c.out, /*is_linear=*/true));
-}
+using Case = LinearCase;
 
 TEST_F(CudaLinear, MatchesReferenceOnBothPaths) {
   const Case cases[] = {
@@ -168,35 +124,7 @@ namespace {
 TEST_F(CudaLinear, AutoModeTimesEachDecodeShapeOnceAndSticksToTheWinner) {
   // kAuto: the first product of a 1-9 row bf16 shape times the GEMV kernel against cuBLASLt and keeps the faster;
   // every later call takes the same path, so repeated outputs are bit-identical, and both match the reference.
-  const cuda::GemvMode before = be().gemv_mode();
-  be().set_gemv_mode(cuda::GemvMode::kAuto);
-  for (int64_t n_tok : {1, 2, 5, 9}) {
-    SCOPED_TRACE(n_tok);
-    DeviceTensor x(be(), kBF16, {n_tok, 2048}), w(be(), kBF16, {1032, 2048}), out(be(), kBF16, {n_tok, 1032});
-    fill_random(x.host(), 51);
-    fill_random(w.host(), 52);
-    x.upload();
-    w.upload();
-    const LinearArgs args{.out = out, .x = x, .w = w};
-    out.poison();
-    be().linear(args);
-    out.download();
-    HostTensor first(kBF16, {n_tok, 1032}), want(kBF16, {n_tok, 1032});
-    first.copy_from(out.host());
-    ref::linear({.out = want, .x = x.host(), .w = w.host()});
-    expect_close(first, want, tolerance_for(kBF16, true));
-    Result<LinearPath> path = be().linear_path(args);
-    ASSERT_TRUE(path.ok());
-    EXPECT_TRUE(*path == LinearPath::kGemv || *path == LinearPath::kCublasLt) << cuda::linear_path_name(*path);
-    std::printf("[gemv auto] T=%lld [1032 x 2048]: %s\n", static_cast<long long>(n_tok), cuda::linear_path_name(*path));
-    for (int i = 0; i < 3; ++i) {
-      out.poison();
-      be().linear(args);
-      out.download();
-      for (int64_t j = 0; j < n_tok * 1032; ++j) ASSERT_EQ(out.host().get(j), first.get(j)) << "element " << j;
-    }
-  }
-  be().set_gemv_mode(before);
+  for (int64_t n_tok : {1, 2, 5, 9}) check_auto_linear(be(), n_tok, 1032, 2048, 51, "gemv auto");
 }
 
 TEST_F(CudaLinear, GegluEqualsItsCompositeBitwise) {
