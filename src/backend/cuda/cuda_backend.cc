@@ -141,7 +141,10 @@ Status CudaBackend::init() {
       TANDEM_LOG_WARN("TANDEM_GEMV_FIT=%s ignored (0, 1 or 2)", fit);
     }
   }
-  if (const auto rows = env_int("TANDEM_FUSED_GEMV_ROWS", 0, kMaxFusedGemvRows)) fused_gemv_rows_ = *rows;
+  if (const auto rows = env_int("TANDEM_FUSED_GEMV_ROWS", 0, kMaxFusedGemvRows)) {
+    fused_gemv_rows_ = *rows;
+    fused_timing_ = false;  // a fixed threshold: more rows take the composite
+  }
   TANDEM_TRY(add_stream());
   TANDEM_ASSIGN_OR_RETURN(gemm_, Gemm::create(props_.multiProcessorCount));
   TANDEM_LOG_DEBUG("cuda:%d: %s, sm_%d%d, %s", index_, props_.name, props_.major, props_.minor,
@@ -756,9 +759,29 @@ void CudaBackend::moe_experts(const MoeExpertsArgs& a) {
   if (pt >= 0) prof_.end(pt, cuda_stream(current_), strfmt("moe_experts %lld tok", static_cast<long long>(a.x.rows())));
 }
 
+bool CudaBackend::fuse(const FusedChoice::Key& key, const std::function<Status()>& fused,
+                       const std::function<void()>& composite) {
+  if (key.rows <= fused_gemv_rows_) return true;
+  if (!fused_timing_ || gemm_->gemv_mode() != GemvMode::kAuto) return false;
+  if (const std::optional<bool> pick = fused_choice_.find(key)) return *pick;
+  if (capturing_ || !pending_.ok()) return false;  // timed at the shape's first use outside a capture
+  prof_.set_paused(true);
+  Result<bool> win = fused_choice_.time(key, cuda_stream(current_), fused, [&] {
+    composite();
+    return std::exchange(pending_, Status());
+  });
+  prof_.set_paused(false);
+  if (!win.ok()) {
+    record(std::move(win).status());
+    return false;
+  }
+  return *win;
+}
+
 void CudaBackend::geglu(const GegluArgs& a) {
-  // Decode sizes: one pass over both weights with the GeGLU in the epilogue; otherwise the composite.
-  if (gemm_->gemv_mode() == GemvMode::kOff || !geglu_gemv_eligible(a, fused_gemv_rows_)) return Backend::geglu(a);
+  // Decode sizes (and verify sizes where timed faster: fuse()): one pass over both weights with the GeGLU in the
+  // epilogue; otherwise the composite.
+  if (gemm_->gemv_mode() == GemvMode::kOff || !geglu_gemv_eligible(a, kMaxFusedGemvRows)) return Backend::geglu(a);
   expect_gpu(a.out, index_, "geglu", "out");
   expect_gpu(a.x, index_, "geglu", "x");
   expect_gpu(a.w_gate, index_, "geglu", "w_gate");
@@ -768,8 +791,12 @@ void CudaBackend::geglu(const GegluArgs& a) {
                    "cuda geglu: out %s, x %s, w_gate %s", a.out.describe().c_str(), a.x.describe().c_str(),
                    a.w_gate.describe().c_str());
   if (!activate()) return;
+  const auto fused = [&] { return launch_geglu_gemv(a, props_.multiProcessorCount, cuda_stream(current_)); };
+  if (!fuse({FusedChoice::Op::kGeglu, a.x.rows(), a.w_gate.dim(1), 2 * a.w_gate.dim(0)}, fused,
+            [&] { Backend::geglu(a); }))
+    return Backend::geglu(a);
   const int pt = prof_.begin(cuda_stream(current_));
-  record(launch_geglu_gemv(a, props_.multiProcessorCount, cuda_stream(current_)));
+  record(fused());
   if (pt >= 0)
     prof_.end(pt, cuda_stream(current_), strfmt("geglu %lldx%lld -> 2x%lld (gemv)", static_cast<long long>(a.x.rows()),
                                                 static_cast<long long>(a.w_gate.dim(1)),
@@ -777,8 +804,8 @@ void CudaBackend::geglu(const GegluArgs& a) {
 }
 
 void CudaBackend::linear_gelu_mul(const LinearGeluMulArgs& a) {
-  // Decode sizes: the gelu_mul in the GEMV's epilogue; otherwise the two ops.
-  if (gemm_->gemv_mode() == GemvMode::kOff || !linear_gelu_mul_gemv_eligible(a, fused_gemv_rows_))
+  // Decode sizes (and verify sizes where timed faster): the gelu_mul in the GEMV's epilogue; otherwise the two ops.
+  if (gemm_->gemv_mode() == GemvMode::kOff || !linear_gelu_mul_gemv_eligible(a, kMaxFusedGemvRows))
     return Backend::linear_gelu_mul(a);
   for (const Tensor* t : {&a.out, &a.x, &a.w}) expect_gpu(*t, index_, "linear_gelu_mul", "out/x/w");
   expect_gpu(a.up, index_, "linear_gelu_mul", "up", /*contiguous=*/false);
@@ -788,8 +815,12 @@ void CudaBackend::linear_gelu_mul(const LinearGeluMulArgs& a) {
                    "cuda linear_gelu_mul: out %s, x %s, w %s, up %s", a.out.describe().c_str(), a.x.describe().c_str(),
                    a.w.describe().c_str(), a.up.describe().c_str());
   if (!activate()) return;
+  const auto fused = [&] { return launch_linear_gelu_mul_gemv(a, props_.multiProcessorCount, cuda_stream(current_)); };
+  if (!fuse({FusedChoice::Op::kLinearGeluMul, a.x.rows(), a.w.dim(1), a.w.dim(0)}, fused,
+            [&] { Backend::linear_gelu_mul(a); }))
+    return Backend::linear_gelu_mul(a);
   const int pt = prof_.begin(cuda_stream(current_));
-  record(launch_linear_gelu_mul_gemv(a, props_.multiProcessorCount, cuda_stream(current_)));
+  record(fused());
   if (pt >= 0)
     prof_.end(pt, cuda_stream(current_),
               strfmt("linear+gelu_mul %lldx%lld -> %lld (gemv)", static_cast<long long>(a.x.rows()),
@@ -797,8 +828,9 @@ void CudaBackend::linear_gelu_mul(const LinearGeluMulArgs& a) {
 }
 
 void CudaBackend::linear_group(const LinearGroupArgs& a) {
-  // Decode sizes: the products of one x in a single GEMV launch; otherwise one linear() each.
-  if (gemm_->gemv_mode() == GemvMode::kOff || !gemv_group_eligible(a, fused_gemv_rows_))
+  // Decode sizes (and verify sizes where timed faster): the products of one x in one GEMV launch; otherwise one
+  // linear() each.
+  if (gemm_->gemv_mode() == GemvMode::kOff || !gemv_group_eligible(a, kMaxFusedGemvRows))
     return Backend::linear_group(a);
   expect_gpu(a.x, index_, "linear_group", "x");
   int64_t n_out = 0;
@@ -812,8 +844,11 @@ void CudaBackend::linear_group(const LinearGroupArgs& a) {
     n_out += a.w[i].dim(0);
   }
   if (!activate()) return;
+  const auto fused = [&] { return launch_gemv_group(a, props_.multiProcessorCount, cuda_stream(current_)); };
+  if (!fuse({FusedChoice::Op::kLinearGroup, a.x.rows(), a.x.dim(-1), n_out}, fused, [&] { Backend::linear_group(a); }))
+    return Backend::linear_group(a);
   const int pt = prof_.begin(cuda_stream(current_));
-  record(launch_gemv_group(a, props_.multiProcessorCount, cuda_stream(current_)));
+  record(fused());
   if (pt >= 0)
     prof_.end(pt, cuda_stream(current_),
               strfmt("linear_group %dx %lldx%lld -> %lld (gemv)", a.n, static_cast<long long>(a.x.rows()),

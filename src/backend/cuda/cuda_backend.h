@@ -8,10 +8,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/fused_choice.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/op_profiler.h"
@@ -91,13 +93,21 @@ class CudaBackend final : public Backend {
   // Decode/verify products: timed per shape (default), always on tandem's GEMV kernel, or on cuBLASLt (gemm.h).
   void set_gemv_mode(GemvMode m) { gemm_->set_gemv_mode(m); }
   [[nodiscard]] GemvMode gemv_mode() const { return gemm_->gemv_mode(); }
-  // Most rows (0..9) geglu, linear_group and linear_gelu_mul take as one GEMV launch; more take the composite.
-  // Default 2 (decode), TANDEM_FUSED_GEMV_ROWS overrides.
+  // Most rows (0..9) geglu, linear_group and linear_gelu_mul always take as one GEMV launch. Default 2 (decode),
+  // TANDEM_FUSED_GEMV_ROWS overrides. More rows, up to 9, take whichever of the fused launch and the composite ops
+  // was faster when the shape was first timed (fused_choice.h; in the timed GEMV mode, unless timing is off); past
+  // that, the composite.
   static constexpr int kMaxFusedGemvRows = 9;
   void set_fused_gemv_rows(int rows) {
     fused_gemv_rows_ = rows < 0 ? 0 : (rows > kMaxFusedGemvRows ? kMaxFusedGemvRows : rows);
   }
   [[nodiscard]] int fused_gemv_rows() const { return fused_gemv_rows_; }
+  // Whether rows above fused_gemv_rows() are timed (on, unless TANDEM_FUSED_GEMV_ROWS is set); off, they take the
+  // composite.
+  void set_fused_gemv_timing(bool on) { fused_timing_ = on; }
+  [[nodiscard]] bool fused_gemv_timing() const { return fused_timing_; }
+  // The fused-or-composite shapes timed so far and their picks.
+  [[nodiscard]] const FusedChoice& fused_choices() const { return fused_choice_; }
   [[nodiscard]] const cudaDeviceProp& properties() const { return props_; }
 
  private:
@@ -113,6 +123,10 @@ class CudaBackend final : public Backend {
   // The current stream's workspace and the SM count, for attention's split-K and the MoE intermediates.
   [[nodiscard]] Scratch scratch() const;
   [[nodiscard]] bool valid_stream(StreamId id) const { return id >= 0 && id < static_cast<StreamId>(streams_.size()); }
+  // Whether an op of `key`'s shape runs as its fused launch: always up to fused_gemv_rows() rows; above that, the
+  // timed pick (timing it now, outside a capture, where not yet timed; the composite while capturing). The timing
+  // runs write the op's outputs.
+  bool fuse(const FusedChoice::Key& key, const std::function<Status()>& fused, const std::function<void()>& composite);
 
   struct StreamState {
     cudaStream_t stream = nullptr;
@@ -127,6 +141,8 @@ class CudaBackend final : public Backend {
   Status pending_;
   bool capturing_ = false;                 // inside capture(): ops skip cudaSetDevice
   int fused_gemv_rows_ = 2;                // see set_fused_gemv_rows
+  bool fused_timing_ = true;               // see set_fused_gemv_timing
+  FusedChoice fused_choice_;
   bool concurrent_streams_ = true;         // TANDEM_BRANCHES
   std::vector<cudaGraphExec_t> graphs_;    // by GraphId; released slots are null
   OpProfiler prof_;

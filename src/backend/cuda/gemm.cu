@@ -110,8 +110,6 @@ Gemm::Gemm(cublasLtHandle_t handle, int sm_count) : handle_(handle), sm_count_(s
 }
 
 Gemm::~Gemm() {
-  for (cudaEvent_t e : ev_)
-    if (e) (void)cudaEventDestroy(e);
   for (auto& [key, p] : plans_) destroy(p);
   if (handle_) (void)cublasLtDestroy(handle_);
 }
@@ -202,21 +200,7 @@ Status Gemm::run_cublaslt(const LinearArgs& a, const Plan& p, cudaStream_t strea
 }
 
 Status Gemm::tune(const LinearArgs& a, Plan* p, cudaStream_t stream, void* workspace) {
-  for (cudaEvent_t& e : ev_)
-    if (!e) TANDEM_CUDA_TRY(cudaEventCreate(&e));
-  auto time_best = [&](auto&& launch) -> Result<float> {
-    float best = 1e30f;
-    for (int i = 0; i < 5; ++i) {  // two warm-ups, then the best of three
-      TANDEM_CUDA_TRY(cudaEventRecord(ev_[0], stream));
-      TANDEM_TRY(launch());
-      TANDEM_CUDA_TRY(cudaEventRecord(ev_[1], stream));
-      TANDEM_CUDA_TRY(cudaEventSynchronize(ev_[1]));
-      float ms = 0;
-      TANDEM_CUDA_TRY(cudaEventElapsedTime(&ms, ev_[0], ev_[1]));
-      if (i >= 2) best = std::min(best, ms);
-    }
-    return best;
-  };
+  auto time_best = [&](auto&& launch) { return timer_.best_ms(stream, launch); };
   TANDEM_ASSIGN_OR_RETURN(const float gemv_ms, time_best([&] { return launch_gemv(a, sm_count_, stream); }));
   TANDEM_ASSIGN_OR_RETURN(const float lt_ms, time_best([&] { return run_cublaslt(a, *p, stream, workspace); }));
   p->pick = gemv_ms < lt_ms ? kPickGemv : kPickCublasLt;

@@ -6,14 +6,15 @@
 // warp-per-output kernel, so every shape works.
 #pragma once
 
-#include <cstdint>
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 
+#include "backend/cuda/launch_timer.h"
 #include "backend/ops.h"
 #include "core/status.h"
 
@@ -73,7 +74,7 @@ class Gemm {
   cublasLtHandle_t handle_;
   int sm_count_;
   GemvMode gemv_mode_ = GemvMode::kAuto;
-  cudaEvent_t ev_[2] = {nullptr, nullptr};
+  LaunchTimer timer_;
   std::map<Key, Plan> plans_;
 };
 

@@ -34,7 +34,7 @@ cudaEvent_t OpProfiler::event() {
 }
 
 int OpProfiler::begin(cudaStream_t stream) {
-  if (!enabled_) return -1;
+  if (!enabled_ || paused_) return -1;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return -1;
   cudaEvent_t s = event(), e = event();

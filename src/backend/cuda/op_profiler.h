@@ -19,6 +19,8 @@ class OpProfiler {
 
   void set_enabled(bool on);
   [[nodiscard]] bool enabled() const { return enabled_; }
+  // While paused, begin() records nothing (the runs that time a path are not the model's ops); keeps the records.
+  void set_paused(bool paused) { paused_ = paused; }
   // Records the start of an op on `stream`; -1 when disabled (end() then does nothing).
   int begin(cudaStream_t stream);
   void end(int token, cudaStream_t stream, std::string label);
@@ -33,6 +35,7 @@ class OpProfiler {
     std::string label;
   };
   bool enabled_ = false;
+  bool paused_ = false;
   std::vector<cudaEvent_t> pool_;  // all events created, reused from index used_
   size_t used_ = 0;
   std::vector<Rec> recs_;
