@@ -22,21 +22,28 @@ constexpr DType kF32 = DType::kF32;
 
 using CudaGemvTc = CudaTest;
 
-// Pins the GEMV, the tensor-core switch and its K split for a test, then restores them.
+// Pins the GEMV, the tensor-core switch and its K split for a test, with the tensor cores taking products from two
+// rows (the kernel's fewest; the default is 3), then restores them.
 struct TcMode {
   TcMode(cuda::CudaBackend& be, bool tc, bool split = true)
-      : gemv(be), tc_before(cuda::gemv_tc()), split_before(cuda::gemv_tc_split()) {
+      : gemv(be),
+        tc_before(cuda::gemv_tc()),
+        split_before(cuda::gemv_tc_split()),
+        min_rows_before(cuda::gemv_tc_min_rows()) {
     cuda::set_gemv_tc(tc);
     cuda::set_gemv_tc_split(split);
+    cuda::set_gemv_tc_min_rows(2);
   }
   ~TcMode() {
     cuda::set_gemv_tc(tc_before);
     cuda::set_gemv_tc_split(split_before);
+    cuda::set_gemv_tc_min_rows(min_rows_before);
   }
   TcMode(const TcMode&) = delete;
   TcMode& operator=(const TcMode&) = delete;
   GemvOn gemv;
   bool tc_before, split_before;
+  int min_rows_before;
 };
 
 struct Shape {

@@ -34,6 +34,9 @@ constexpr int kMaxThreads = kMaxWarps * kWarp;
 constexpr int kUnroll = 4;     // steps whose loads are in flight together
 constexpr int kMinTcRows = 2;  // the fewest rows it can take (one token keeps the CUDA-core early-weight GEMV)
 constexpr int kMaxTcRows = 9;
+// The fewest rows it takes by default: at two rows the CUDA cores were faster on every architecture (bench/RESULTS.md
+// runs AZ and BA).
+constexpr int kDefaultMinRows = 3;
 constexpr int64_t kMinElems = int64_t{1} << 21;  // fewer weights keep the CUDA cores (kernels.h gemv_tc_takes)
 
 constexpr int kMaxCluster = 8;  // blocks that share a strip's K (portable cluster size)
@@ -187,12 +190,12 @@ __global__ void __launch_bounds__(kMaxThreads)
 }
 
 std::atomic<bool>& tc_flag() {
-  static std::atomic<bool> on{false};
+  static std::atomic<bool> on{true};
   return on;
 }
 
 std::atomic<int>& min_rows() {
-  static std::atomic<int> rows{kMinTcRows};
+  static std::atomic<int> rows{kDefaultMinRows};
   return rows;
 }
 

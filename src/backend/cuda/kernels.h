@@ -92,8 +92,8 @@ bool moe_staged();
 void set_weight_prefetch(bool on);
 bool weight_prefetch();
 // Whether products of 2..9 rows with K % 32 == 0 and at least 2M weights per launch run on the tensor cores
-// (gemv_tc.cu) instead of the CUDA cores. Off unless TANDEM_GEMV_TC=1 (bench/RESULTS.md run AZ: it gains only
-// with the one-launch GeGLU for up to 9 rows, on E2B, and loses at two rows and on 26B-A4B).
+// (gemv_tc.cu) instead of the CUDA cores. On unless TANDEM_GEMV_TC=0 (bench/RESULTS.md run BA: from 3 rows, with
+// the timed choices of gemm.cu and fused_choice.h, it made every architecture's K = 2..8 rounds 1-11% faster).
 void set_gemv_tc(bool on);
 bool gemv_tc();
 // Whether a product of `rows` rows over n_in values into n_out_total outputs (all segments of the launch) takes
@@ -104,8 +104,8 @@ bool gemv_tc_takes(int64_t rows, int64_t n_in, int64_t n_out_total);
 // up to 8 blocks per strip (rank 0 adds their sums in rank order). On unless TANDEM_GEMV_TC_SPLIT=0.
 void set_gemv_tc_split(bool on);
 bool gemv_tc_split();
-// The fewest rows the tensor cores take (2..10; 10: none). Default 2; TANDEM_GEMV_TC_MIN_ROWS=N sets it. Run AZ: at
-// 2 rows the CUDA-core products were faster on every architecture.
+// The fewest rows the tensor cores take (2..10; 10: none). Default 3; TANDEM_GEMV_TC_MIN_ROWS=N sets it. Runs AZ
+// and BA: at 2 rows the CUDA-core products were faster on every architecture but 26B-A4B's longer verify passes.
 void set_gemv_tc_min_rows(int rows);
 int gemv_tc_min_rows();
 // GEMV threads per block (gemv.cu block_threads): 0 = always 256; 1 (the default) = one pass of whole warps over
