@@ -120,7 +120,7 @@ int gemv_block_threads(int64_t n_in);
 bool gemv_eligible(const LinearArgs& a);
 // allow_tc = false keeps a product that gemv_tc_takes on the CUDA cores (gemm.cu times both).
 Status launch_gemv(const LinearArgs& a, int sm_count, cudaStream_t stream, bool allow_tc = true);
-// The fused products below take 1..max_rows rows (CudaBackend's fused_gemv_rows(), at most 9).
+// The fused products below take 1..max_rows rows (at most 9; CudaBackend decides per shape which sizes use them).
 // linear_group in one launch (every product GEMV-eligible with the same x and output dtype).
 bool gemv_group_eligible(const LinearGroupArgs& a, int max_rows);
 Status launch_gemv_group(const LinearGroupArgs& a, int sm_count, cudaStream_t stream);
