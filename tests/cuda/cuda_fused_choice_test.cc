@@ -102,12 +102,12 @@ void check_ops(cuda::CudaBackend& be, int64_t rows, int64_t N, uint32_t seed) {
   ref::gelu_mul({.out = geglu_want, .gate = g, .up = u});
   ref::gelu_mul({.out = gm_want, .gate = g, .up = ple.host()});
 
-  OpCase geglu{{Op::kGeglu, rows, K, 2 * N},
+  OpCase geglu{{Op::kGeglu, rows, K, 2 * N, kBF16},
                [&] { be.geglu({.out = out, .x = x, .w_gate = wg, .w_up = wu, .up = up}); },
                &out,
                std::move(geglu_want)};
   expect_timed_once(be, geglu);
-  OpCase gelu_mul{{Op::kLinearGeluMul, rows, K, N},
+  OpCase gelu_mul{{Op::kLinearGeluMul, rows, K, N, kBF16},
                   [&] { be.linear_gelu_mul({.out = out, .x = x, .w = wg, .up = ple}); },
                   &out,
                   std::move(gm_want)};
@@ -118,7 +118,7 @@ void check_ops(cuda::CudaBackend& be, int64_t rows, int64_t N, uint32_t seed) {
   group.w[0] = wg;
   group.out[1] = out_v;
   group.w[1] = wv;
-  OpCase grp{{Op::kLinearGroup, rows, K, N + 264}, [&] { be.linear_group(group); }, &out, std::move(g)};
+  OpCase grp{{Op::kLinearGroup, rows, K, N + 264, kBF16}, [&] { be.linear_group(group); }, &out, std::move(g)};
   expect_timed_once(be, grp);
   out_v.download();
   HostTensor v_want(kBF16, {rows, 264});
@@ -147,7 +147,7 @@ TEST_F(CudaFusedChoice, NothingIsTimedWithTimingOffInAnotherModeOrInACapture) {
   ref::linear({.out = u, .x = x.host(), .w = wu.host()});
   ref::gelu_mul({.out = want, .gate = g, .up = u});
   const GegluArgs args{.out = out, .x = x, .w_gate = wg, .w_up = wu, .up = up};
-  const Key key{Op::kGeglu, rows, K, 2 * N};
+  const Key key{Op::kGeglu, rows, K, 2 * N, kBF16};
   const size_t timed = be().fused_choices().size();
   auto run_and_check = [&](const char* what) {
     SCOPED_TRACE(what);

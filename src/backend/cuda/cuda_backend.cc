@@ -792,7 +792,7 @@ void CudaBackend::geglu(const GegluArgs& a) {
                    a.w_gate.describe().c_str());
   if (!activate()) return;
   const auto fused = [&] { return launch_geglu_gemv(a, props_.multiProcessorCount, cuda_stream(current_)); };
-  if (!fuse({FusedChoice::Op::kGeglu, a.x.rows(), a.w_gate.dim(1), 2 * a.w_gate.dim(0)}, fused,
+  if (!fuse({FusedChoice::Op::kGeglu, a.x.rows(), a.w_gate.dim(1), 2 * a.w_gate.dim(0), a.out.dtype}, fused,
             [&] { Backend::geglu(a); }))
     return Backend::geglu(a);
   const int pt = prof_.begin(cuda_stream(current_));
@@ -816,7 +816,7 @@ void CudaBackend::linear_gelu_mul(const LinearGeluMulArgs& a) {
                    a.w.describe().c_str(), a.up.describe().c_str());
   if (!activate()) return;
   const auto fused = [&] { return launch_linear_gelu_mul_gemv(a, props_.multiProcessorCount, cuda_stream(current_)); };
-  if (!fuse({FusedChoice::Op::kLinearGeluMul, a.x.rows(), a.w.dim(1), a.w.dim(0)}, fused,
+  if (!fuse({FusedChoice::Op::kLinearGeluMul, a.x.rows(), a.w.dim(1), a.w.dim(0), a.out.dtype}, fused,
             [&] { Backend::linear_gelu_mul(a); }))
     return Backend::linear_gelu_mul(a);
   const int pt = prof_.begin(cuda_stream(current_));
@@ -845,7 +845,8 @@ void CudaBackend::linear_group(const LinearGroupArgs& a) {
   }
   if (!activate()) return;
   const auto fused = [&] { return launch_gemv_group(a, props_.multiProcessorCount, cuda_stream(current_)); };
-  if (!fuse({FusedChoice::Op::kLinearGroup, a.x.rows(), a.x.dim(-1), n_out}, fused, [&] { Backend::linear_group(a); }))
+  if (!fuse({FusedChoice::Op::kLinearGroup, a.x.rows(), a.x.dim(-1), n_out, a.out[0].dtype}, fused,
+            [&] { Backend::linear_group(a); }))
     return Backend::linear_group(a);
   const int pt = prof_.begin(cuda_stream(current_));
   record(fused());

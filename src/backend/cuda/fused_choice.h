@@ -15,6 +15,7 @@
 
 #include "backend/cuda/launch_timer.h"
 #include "core/status.h"
+#include "tensor/dtype.h"
 
 namespace tandem::cuda {
 
@@ -24,6 +25,7 @@ class FusedChoice {
   struct Key {
     Op op;
     int64_t rows, n_in, n_out;  // n_out: all outputs of the launch (both matrices of a geglu, every group member)
+    DType out;                  // the outputs' dtype (bf16 or f32), part of the shape as in gemm.h's plan key
     auto operator<=>(const Key&) const = default;
   };
 
