@@ -179,17 +179,27 @@ namespace {
 constexpr int64_t kAutoGemvRows = 9;
 }  // namespace
 
-Result<LinearPath> Gemm::choose(const LinearArgs& a) {
+Gemm::Key Gemm::key_of(const LinearArgs& a) { return Key{a.x.rows(), a.w.dim(0), a.w.dim(1), a.out.dtype}; }
+
+Result<Gemm::Plan*> Gemm::plan_if_eligible(const LinearArgs& a) {
+  if (!cublaslt_eligible(a)) return static_cast<Plan*>(nullptr);
+  return plan(key_of(a));
+}
+
+LinearPath Gemm::path_for(const LinearArgs& a, const Plan* p) const {
   const bool gemv_ok = gemv_eligible(a);
   if (gemv_mode_ == GemvMode::kOn && gemv_ok) return LinearPath::kGemv;
   const bool auto_gemv = gemv_mode_ == GemvMode::kAuto && gemv_ok && a.x.rows() <= kAutoGemvRows;
-  if (cublaslt_eligible(a)) {
-    TANDEM_ASSIGN_OR_RETURN(const Plan* p, plan(Key{a.x.rows(), a.w.dim(0), a.w.dim(1), a.out.dtype}));
-    if (p->has_algo) return auto_gemv && p->pick > kPickCublasLt ? LinearPath::kGemv : LinearPath::kCublasLt;
-  }
+  if (p != nullptr && p->has_algo)
+    return auto_gemv && p->pick > kPickCublasLt ? LinearPath::kGemv : LinearPath::kCublasLt;
   if (auto_gemv) return LinearPath::kGemv;  // cuBLASLt cannot take it
   if (f32_or_bf16(a.w.dtype) && f32_or_bf16(a.x.dtype) && f32_or_bf16(a.out.dtype)) return LinearPath::kSimple;
   return LinearPath::kUnsupported;
+}
+
+Result<LinearPath> Gemm::choose(const LinearArgs& a) {
+  TANDEM_ASSIGN_OR_RETURN(const Plan* p, plan_if_eligible(a));
+  return path_for(a, p);
 }
 
 Status Gemm::run_cublaslt(const LinearArgs& a, const Plan& p, cudaStream_t stream, void* workspace) {
@@ -213,22 +223,20 @@ Status Gemm::tune(const LinearArgs& a, Plan* p, cudaStream_t stream, void* works
 }
 
 Status Gemm::run(const LinearArgs& a, cudaStream_t stream, void* workspace) {
-  Plan* timed = nullptr;  // the plan of a decode shape that kAuto times, and whose pick it then follows
-  if (gemv_mode_ == GemvMode::kAuto && a.x.rows() <= kAutoGemvRows && gemv_eligible(a) && cublaslt_eligible(a)) {
-    TANDEM_ASSIGN_OR_RETURN(timed, plan(Key{a.x.rows(), a.w.dim(0), a.w.dim(1), a.out.dtype}));
-    if (!a.accumulate && timed->has_algo && timed->pick < 0) {
-      // First use of a decode shape outside a graph capture: time the paths (the output is written either way).
-      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-      TANDEM_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
-      if (capture == cudaStreamCaptureStatusNone) TANDEM_TRY(tune(a, timed, stream, workspace));
-    }
+  // One plan lookup per call: the timing, the path and cuBLASLt all use it.
+  TANDEM_ASSIGN_OR_RETURN(Plan* const p, plan_if_eligible(a));
+  // A decode shape that kAuto times, and whose pick it then follows.
+  const bool timed = p != nullptr && gemv_mode_ == GemvMode::kAuto && a.x.rows() <= kAutoGemvRows && gemv_eligible(a);
+  if (timed && !a.accumulate && p->has_algo && p->pick < 0) {
+    // First use of a decode shape outside a graph capture: time the paths (the output is written either way).
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    TANDEM_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+    if (capture == cudaStreamCaptureStatusNone) TANDEM_TRY(tune(a, p, stream, workspace));
   }
-  TANDEM_ASSIGN_OR_RETURN(const LinearPath path, choose(a));
+  const LinearPath path = path_for(a, p);
   // A shape timed fastest on the CUDA cores stays there.
-  if (path == LinearPath::kGemv)
-    return launch_gemv(a, sm_count_, stream, timed == nullptr || timed->pick != kPickCudaCores);
+  if (path == LinearPath::kGemv) return launch_gemv(a, sm_count_, stream, !(timed && p->pick == kPickCudaCores));
   if (path != LinearPath::kCublasLt) return launch_linear_simple(a, stream);
-  TANDEM_ASSIGN_OR_RETURN(const Plan* p, plan(Key{a.x.rows(), a.w.dim(0), a.w.dim(1), a.out.dtype}));
   return run_cublaslt(a, *p, stream, workspace);
 }
 

@@ -64,7 +64,12 @@ class Gemm {
   static constexpr int8_t kPickCublasLt = 0, kPickGemv = 1, kPickCudaCores = 2;
 
   Gemm(cublasLtHandle_t handle, int sm_count);
+  static Key key_of(const LinearArgs& a);
   Result<Plan*> plan(const Key& key);
+  // The plan of a's shape (built on first use), or nullptr where cuBLASLt cannot take a.
+  Result<Plan*> plan_if_eligible(const LinearArgs& a);
+  // The path for `a` given plan_if_eligible's result.
+  LinearPath path_for(const LinearArgs& a, const Plan* p) const;
   // Times the paths on `a` (which must not accumulate): cuBLASLt and the GEMV, and where the tensor cores take the
   // GEMV, also the GEMV on the CUDA cores; records the fastest in `p`.
   Status tune(const LinearArgs& a, Plan* p, cudaStream_t stream, void* workspace);
