@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/cuda/kernels.h"
 #include "core/strings.h"
 #include "cuda/cuda_fixture.h"
 #include "kernels/ref/ref.h"
@@ -271,6 +272,49 @@ TEST_F(CudaLinear, LinearGeluMulEqualsItsCompositeBitwise) {
         expect_close(got.host(), want, tolerance_for(out_dt, true));
       }
     }
+}
+
+// TANDEM_GEMV_EARLY_ROWS: the CUDA-core GEMV requests its first weights before the wait for the kernel before it for
+// up to gemv_early_rows() rows. Requested early or not, every row count gives the same bits (GEMV forced, tensor
+// cores off; K from one pass to several, over 2048 chunks (never early), bf16 and f32 out).
+TEST_F(CudaLinear, EarlyWeightRequestsKeepTheBitsAtEveryRowCount) {
+  const cuda::GemvMode mode_before = be().gemv_mode();
+  const bool tc_before = cuda::gemv_tc();
+  const int early_before = cuda::gemv_early_rows();
+  be().set_gemv_mode(cuda::GemvMode::kOn);
+  cuda::set_gemv_tc(false);
+  struct Shape {
+    int64_t n_in, n_out;
+    DType out;
+  };
+  uint32_t seed = 300;
+  for (const Shape& s : {Shape{1544, 1037, kBF16}, Shape{5376, 264, kF32}, Shape{16392, 72, kBF16}}) {
+    for (int64_t n_tok = 1; n_tok <= 9; ++n_tok) {
+      SCOPED_TRACE(strfmt("K %lld, N %lld, %lld rows", static_cast<long long>(s.n_in), static_cast<long long>(s.n_out),
+                          static_cast<long long>(n_tok)));
+      DeviceTensor x(be(), kBF16, {n_tok, s.n_in}), w(be(), kBF16, {s.n_out, s.n_in});
+      DeviceTensor early(be(), s.out, {n_tok, s.n_out}), late(be(), s.out, {n_tok, s.n_out});
+      fill_random(x.host(), seed++);
+      fill_random(w.host(), seed++);
+      x.upload();
+      w.upload();
+      early.poison();
+      late.poison();
+      cuda::set_gemv_early_rows(9);
+      be().linear({.out = early, .x = x, .w = w});
+      cuda::set_gemv_early_rows(1);
+      be().linear({.out = late, .x = x, .w = w});
+      early.download();
+      late.download();
+      EXPECT_TRUE(same_bits(early.host(), late.host()));
+      HostTensor want(s.out, {n_tok, s.n_out});
+      ref::linear({.out = want, .x = x.host(), .w = w.host()});
+      expect_close(early.host(), want, tolerance_for(s.out, true));
+    }
+  }
+  cuda::set_gemv_early_rows(early_before);
+  cuda::set_gemv_tc(tc_before);
+  be().set_gemv_mode(mode_before);
 }
 
 // w_fresh: w gathered by the op just before (the centroid head's candidate rows) is read after that op ends. Four

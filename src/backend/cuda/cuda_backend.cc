@@ -123,6 +123,7 @@ Status CudaBackend::init() {
   };
   set_programmatic_launch(props_.major >= 9 && !switched_off("TANDEM_PDL"));
   set_weight_prefetch(!switched_off("TANDEM_WEIGHT_PREFETCH"));
+  if (const auto rows = env_int("TANDEM_GEMV_EARLY_ROWS", 1, 9)) set_gemv_early_rows(*rows);
   set_gemv_tc(!switched_off("TANDEM_GEMV_TC"));
   set_gemv_tc_split(!switched_off("TANDEM_GEMV_TC_SPLIT"));
   if (const auto rows = env_int("TANDEM_GEMV_TC_MIN_ROWS", 2, 10)) set_gemv_tc_min_rows(*rows);

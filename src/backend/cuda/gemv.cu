@@ -179,13 +179,13 @@ Status launch_rows(GemvSegs segs, const LinearArgs& a, const void* w2, int sm_co
       segs.first_block[i] = blocks;
       blocks += (segs.n_out[i] + R - 1) / R;
     }
-    // Decode products over rows of at most 2048 chunks (K <= 16384) request their first pass of weights before the
-    // PDL wait (kEarlyW). Rows of up to 2048 chunks gained over the earlier limit of 512 (bench/RESULTS.md run AR: the
-    // E models' down products, K = 10240 and 12288); 31B's K = 5376 products take it too (not yet timed), its down
-    // product (K = 21504) does not.
+    // Products over rows of at most 2048 chunks (K <= 16384) request their first pass of weights before the PDL wait
+    // (kEarlyW), for up to gemv_early_rows() rows. Rows of up to 2048 chunks gained over the earlier limit of 512
+    // (bench/RESULTS.md run AR: the E models' down products, K = 10240 and 12288); 31B's down product (K = 21504)
+    // does not take it.
     const int threads = block_threads(n_in / 8);
-    const bool early = T == 1 && weight_prefetch() && !a.w_fresh && n_in / 8 <= 2048;
-    auto* kernel = early ? gemv_kernel<T, R, TO, M, T == 1> : gemv_kernel<T, R, TO, M, false>;
+    const bool early = T <= gemv_early_rows() && weight_prefetch() && !a.w_fresh && n_in / 8 <= 2048;
+    auto* kernel = early ? gemv_kernel<T, R, TO, M, true> : gemv_kernel<T, R, TO, M, false>;
     launch_kernel(kernel, static_cast<unsigned>(blocks), threads, 0, stream, segs, static_cast<const bf16*>(a.x.data),
                   static_cast<const bf16*>(w2), n_in, a.alpha, a.accumulate, static_cast<const TO*>(up), up_stride);
     TANDEM_CUDA_TRY_LAUNCH();
@@ -252,6 +252,11 @@ std::atomic<bool>& weight_prefetch_flag() {
   return on;
 }
 
+std::atomic<int>& early_rows() {
+  static std::atomic<int> rows{kMaxTokens};
+  return rows;
+}
+
 }  // namespace
 
 void set_weight_prefetch(bool on) { weight_prefetch_flag().store(on, std::memory_order_relaxed); }
@@ -259,6 +264,8 @@ void set_gemv_fit(int mode) { fit_mode().store(mode, std::memory_order_relaxed);
 void set_gemv_balance(bool on) { balance_flag().store(on, std::memory_order_relaxed); }
 bool gemv_balance() { return balance_flag().load(std::memory_order_relaxed); }
 bool weight_prefetch() { return weight_prefetch_flag().load(std::memory_order_relaxed); }
+void set_gemv_early_rows(int rows) { early_rows().store(std::clamp(rows, 1, kMaxTokens), std::memory_order_relaxed); }
+int gemv_early_rows() { return early_rows().load(std::memory_order_relaxed); }
 int gemv_block_threads(int64_t n_in) { return block_threads(n_in / 8); }
 
 bool gemv_eligible(const LinearArgs& a) {

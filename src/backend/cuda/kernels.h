@@ -91,6 +91,10 @@ bool moe_staged();
 // TANDEM_WEIGHT_PREFETCH=0.
 void set_weight_prefetch(bool on);
 bool weight_prefetch();
+// The most rows (1..9) whose CUDA-core GEMV makes those early requests (the tensor-core kernel makes them for any
+// rows). Default 9; TANDEM_GEMV_EARLY_ROWS=N sets it.
+void set_gemv_early_rows(int rows);
+int gemv_early_rows();
 // Whether products of 2..9 rows with K % 32 == 0 and at least 2M weights per launch run on the tensor cores
 // (gemv_tc.cu) instead of the CUDA cores. On unless TANDEM_GEMV_TC=0 (bench/RESULTS.md run BA: from 3 rows, with
 // the timed choices of gemm.cu and fused_choice.h, it made every architecture's K = 2..8 rounds 1-11% faster).
