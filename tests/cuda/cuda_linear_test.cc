@@ -278,10 +278,9 @@ TEST_F(CudaLinear, LinearGeluMulEqualsItsCompositeBitwise) {
 // up to gemv_early_rows() rows. Requested early or not, every row count gives the same bits (GEMV forced, tensor
 // cores off; K from one pass to several, over 2048 chunks (never early), bf16 and f32 out).
 TEST_F(CudaLinear, EarlyWeightRequestsKeepTheBitsAtEveryRowCount) {
-  const cuda::GemvMode mode_before = be().gemv_mode();
+  const GemvOn gemv(be());
   const bool tc_before = cuda::gemv_tc();
   const int early_before = cuda::gemv_early_rows();
-  be().set_gemv_mode(cuda::GemvMode::kOn);
   cuda::set_gemv_tc(false);
   struct Shape {
     int64_t n_in, n_out;
@@ -314,7 +313,6 @@ TEST_F(CudaLinear, EarlyWeightRequestsKeepTheBitsAtEveryRowCount) {
   }
   cuda::set_gemv_early_rows(early_before);
   cuda::set_gemv_tc(tc_before);
-  be().set_gemv_mode(mode_before);
 }
 
 // w_fresh: w gathered by the op just before (the centroid head's candidate rows) is read after that op ends. Four
