@@ -1,5 +1,6 @@
 // `tandem info` end to end: runs the built binary on synthetic checkpoints and checks its JSON accounting against
-// sums computed here from the fixture's tensor list.
+// sums computed here from the fixture's tensor list. Also `tandem bench --kv-capacity` on the CPU: the capacity it
+// allocates, and a clear error for one below the positions the bench writes or above the model's context.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -142,6 +143,29 @@ TEST(InfoCli, ErrorsGoToStderrWithExitCode1) {
   r = run_cli("info --model " + dir.path(), scratch);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("missing model.layers.3.mlp.down_proj.weight"), std::string::npos) << r.err;
+}
+
+TEST(BenchCli, KvCapacityIsAllocatedOrRefused) {
+  TempDir dir, scratch;
+  write_model(dir.path(), tiny_e2b_like(), FixtureLayout::kConditionalGeneration, HeadDimFormat::kRelease);
+  const std::string base = "bench --model " + dir.path() + " --iters 1 --context 8 --max-k 1 --threads 1";
+  // The bench writes 8 + 1 x (1 + 3) + 80 = 92 positions.
+  RunResult r = run_cli(base + " --kv-capacity 91", scratch);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--kv-capacity 91: the bench writes 92 positions"), std::string::npos) << r.err;
+  r = run_cli(base + " --kv-capacity -5", scratch);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--kv-capacity -5"), std::string::npos) << r.err;
+  r = run_cli(base + " --kv-capacity 5000", scratch);  // the fixture's context is 4096
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("5000"), std::string::npos) << r.err;
+  r = run_cli(base + " --kv-capacity 4096", scratch);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("per token, 4096 positions"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("decode 1 token"), std::string::npos) << r.out;
+  r = run_cli(base, scratch);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("per token, 92 positions"), std::string::npos) << r.out;
 }
 
 }  // namespace

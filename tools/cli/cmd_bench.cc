@@ -25,6 +25,7 @@ using Clock = std::chrono::steady_clock;
 struct BenchOptions {
   std::string model, draft, arch, device = "cpu", results, write_checkpoint;
   int threads = 0, iters = 20, context = 128, max_k = 6;
+  int64_t kv_capacity = 0;  // KV positions to allocate; 0: the positions the bench writes
   bool json = false, no_draft = false, profile = false, trace = false;
 };
 
@@ -115,6 +116,14 @@ Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* hea
                  std::string* profile) {
   if (o.model.empty() == o.arch.empty()) return invalid_argument("give exactly one of --model and --arch");
   if (o.iters < 1 || o.context < 1 || o.max_k < 1 || o.max_k > 16) return invalid_argument("--iters, --context >= 1; --max-k 1..16");
+  // Room for every committed token: prefill, decodes (timed, profiled, traced) and the rounds' fresh tokens.
+  const int64_t needed = int64_t{o.context} + int64_t{o.iters} * (o.max_k + 3) + 80;
+  if (o.kv_capacity < 0 || (o.kv_capacity > 0 && o.kv_capacity < needed))
+    return invalid_argument(
+        strfmt("--kv-capacity %lld: the bench writes %lld positions (--context + --iters x (--max-k + 3) + 80); "
+               "give at least that, or 0 for exactly that",
+               static_cast<long long>(o.kv_capacity), static_cast<long long>(needed)));
+  const int64_t capacity = o.kv_capacity > 0 ? o.kv_capacity : needed;
   TANDEM_ASSIGN_OR_RETURN(auto be, open_backend(o.device, o.threads));
   *machine = be->describe_device();
   ProgressBar bar("loading target");
@@ -151,10 +160,11 @@ Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* hea
   TANDEM_ASSIGN_OR_RETURN(double bw, measure_bandwidth(*be));
   const double floor_ms = 1e3 * bytes_tok / bw;
   const size_t kv_bytes = KvCache::bytes_per_position(target->kv_layout(), be->activation_dtype());
-  *header = strfmt("%s on %s | weights read per token %s | KV cache %s per token | measured bandwidth %.1f GB/s | "
-                   "floor %.3f ms/token",
-                   name.c_str(), be->name(), human_bytes(static_cast<uint64_t>(bytes_tok)).c_str(),
-                   human_bytes(kv_bytes).c_str(), bw / 1e9, floor_ms);
+  *header = strfmt(
+      "%s on %s | weights read per token %s | KV cache %s per token, %lld positions | measured bandwidth "
+      "%.1f GB/s | floor %.3f ms/token",
+      name.c_str(), be->name(), human_bytes(static_cast<uint64_t>(bytes_tok)).c_str(), human_bytes(kv_bytes).c_str(),
+      static_cast<long long>(capacity), bw / 1e9, floor_ms);
 
   if (!be->device().is_cpu()) {
     const double bytes = static_cast<double>(synthetic_weight_bytes(target->config()));
@@ -168,9 +178,7 @@ Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* hea
     for (int32_t& t : v) t = static_cast<int32_t>(3 + rng() % static_cast<unsigned>(V - 3));
     return v;
   };
-  // Room for every committed token below: prefill, decodes (timed, profiled, traced) and the rounds' fresh tokens.
-  TANDEM_ASSIGN_OR_RETURN(KvCache cache, target->new_cache({.max_positions = o.context + o.iters * (o.max_k + 3) + 80,
-                                                            .max_tokens_per_forward = 256}));
+  TANDEM_ASSIGN_OR_RETURN(KvCache cache, target->new_cache({.max_positions = capacity, .max_tokens_per_forward = 256}));
   ForwardOutputs out;
   auto fwd = [&](const std::vector<int32_t>& toks, int n_out) -> Status {
     SequenceInput in{.cache = &cache, .tokens = toks, .n_outputs = n_out};
@@ -357,6 +365,10 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--iters", o->iters, "Timed repetitions per measure (median reported)")->capture_default_str();
   cmd->add_option("--context", o->context, "Prompt length before the decode measures")->capture_default_str();
   cmd->add_option("--max-k", o->max_k, "Largest draft block timed")->capture_default_str();
+  cmd->add_option("--kv-capacity", o->kv_capacity,
+                  "KV positions to allocate (0: the positions the bench writes). A server's context, e.g. 8192, sizes "
+                  "the decode graphs' attention launches as the server's would")
+      ->capture_default_str();
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_flag("--profile", o->profile, "Also print per-op device times of eager decode and verify forwards (CUDA)");
