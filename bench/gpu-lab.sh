@@ -5,7 +5,8 @@
 #   3. the demo pair on the GPU (`tandem generate --device cuda --compare`);
 #   4. `tandem bench --device cuda --arch A --profile --trace` for each released architecture (random bf16 weights in GPU
 #      memory; the per-op profiles stay in the logs), long-prompt prefill (GPU_LAB_PREFILL), one from a checkpoint
-#      directory in the page cache, and A/B benches with a switch flipped (GPU_LAB_AB).
+#      directory in the page cache, serving-sized KV caches (GPU_LAB_LONG), and A/B benches with a switch flipped
+#      (GPU_LAB_AB).
 # Writes logs and RESULTS-gpu.md (the bench tables, to be appended to bench/RESULTS.md) under $OUT, snapshotting
 # them after each step so that a run cut short still returns what it measured. Needs .deps/ carried
 # (scripts/prepare-device-deps.sh). Time budget: GPU_LAB_BUDGET_S seconds (default 560); steps that no longer fit
@@ -56,6 +57,15 @@ done
 for pf in ${GPU_LAB_PREFILL-gemma4-26b-a4b:2048}; do
   run_step "prefill ${pf%%:*} ${pf#*:} tokens" 30 "bench_prefill_${pf%%:*}_${pf#*:}.txt" $B/tandem bench --device cuda \
     --arch "${pf%%:*}" --context "${pf#*:}" --iters 3 --max-k 1 --no-draft --results "$work/logs/RESULTS-gpu.md"
+done
+# Serving-sized KV caches: GPU_LAB_LONG lists "arch:context:capacity" entries (default: E4B after 128 and 4096 prompt
+# tokens in an 8192-position cache), benched with --context and --kv-capacity, so the graphs' attention launches are
+# sized as a server's with that context would be ("" skips it).
+for lc in ${GPU_LAB_LONG-gemma4-e4b:128:8192 gemma4-e4b:4096:8192}; do
+  IFS=: read -r lc_arch lc_ctx lc_cap <<<"$lc"
+  run_step "bench $lc_arch, $lc_ctx of $lc_cap positions" 40 "bench_long_${lc_arch}_${lc_ctx}_${lc_cap}.txt" \
+    $B/tandem bench --device cuda --arch "$lc_arch" --context "$lc_ctx" --kv-capacity "$lc_cap" --iters 5 --max-k 4 \
+    --results "$work/logs/RESULTS-gpu.md"
 done
 # Loading a real checkpoint directory from the page cache: the random GPU_LAB_DISK_ARCH model (default gemma4-e2b)
 # written to disk with `tandem bench --write-checkpoint` (so its pages are cached), then benched with --model.
