@@ -83,4 +83,15 @@ size_t KvCache::bytes_per_position(const std::vector<KvLayerSpec>& layers, DType
   return n;
 }
 
+size_t KvCache::bytes_read_per_token(const std::vector<KvLayerSpec>& layers, DType dtype, int64_t context) {
+  if (context <= 0) return 0;
+  size_t n = 0;
+  for (const KvLayerSpec& ls : layers) {
+    const int64_t keys = ls.window > 0 ? std::min<int64_t>(context, ls.window) : context;
+    n += 2 * static_cast<size_t>(ls.n_kv_heads) * static_cast<size_t>(ls.head_dim) * dtype_size(dtype) *
+         static_cast<size_t>(keys);
+  }
+  return n;
+}
+
 }  // namespace tandem

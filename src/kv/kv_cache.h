@@ -58,6 +58,10 @@ class KvCache {
   // Bytes of KV storage allocated in total, and per position of context (full layers only grow with context).
   [[nodiscard]] size_t bytes_allocated() const { return bytes_; }
   [[nodiscard]] static size_t bytes_per_position(const std::vector<KvLayerSpec>& layers, DType dtype);
+  // Bytes of K and V one decode token's attention reads after `context` positions: every layer, KV-shared ones too
+  // (they read their source's storage), reads min(context, window) positions (all `context` for a full layer).
+  [[nodiscard]] static size_t bytes_read_per_token(const std::vector<KvLayerSpec>& layers, DType dtype,
+                                                   int64_t context);
 
  private:
   struct LayerStore {

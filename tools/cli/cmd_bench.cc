@@ -160,11 +160,14 @@ Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* hea
   TANDEM_ASSIGN_OR_RETURN(double bw, measure_bandwidth(*be));
   const double floor_ms = 1e3 * bytes_tok / bw;
   const size_t kv_bytes = KvCache::bytes_per_position(target->kv_layout(), be->activation_dtype());
+  // The floor counts weights only; at a long --context the K/V a decode token reads is listed beside it.
+  const size_t kv_read = KvCache::bytes_read_per_token(target->kv_layout(), be->activation_dtype(), o.context);
   *header = strfmt(
       "%s on %s | weights read per token %s | KV cache %s per token, %lld positions | measured bandwidth "
-      "%.1f GB/s | floor %.3f ms/token",
+      "%.1f GB/s | floor %.3f ms/token | K/V read per token after %d positions %s (floor with it %.3f ms)",
       name.c_str(), be->name(), human_bytes(static_cast<uint64_t>(bytes_tok)).c_str(), human_bytes(kv_bytes).c_str(),
-      static_cast<long long>(capacity), bw / 1e9, floor_ms);
+      static_cast<long long>(capacity), bw / 1e9, floor_ms, o.context, human_bytes(kv_read).c_str(),
+      1e3 * (bytes_tok + static_cast<double>(kv_read)) / bw);
 
   if (!be->device().is_cpu()) {
     const double bytes = static_cast<double>(synthetic_weight_bytes(target->config()));
