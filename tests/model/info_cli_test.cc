@@ -145,6 +145,20 @@ TEST(InfoCli, ErrorsGoToStderrWithExitCode1) {
   EXPECT_NE(r.err.find("missing model.layers.3.mlp.down_proj.weight"), std::string::npos) << r.err;
 }
 
+TEST(InfoCli, VerbosityFlagsGoBeforeOrAfterTheCommand) {
+  TempDir dir, scratch;
+  write_model(dir.path(), tiny_e2b_like(), FixtureLayout::kConditionalGeneration, HeadDimFormat::kRelease);
+  for (const std::string& args :
+       {"-v info --model " + dir.path(), "info --model " + dir.path() + " -v", "info -q --model " + dir.path()}) {
+    RunResult r = run_cli(args, scratch);
+    EXPECT_EQ(r.exit_code, 0) << args << ": " << r.err;
+    EXPECT_NE(r.out.find("gemma4"), std::string::npos) << args << ": " << r.out;
+  }
+  RunResult r = run_cli("info --model " + dir.path() + " --no-such-flag", scratch);
+  EXPECT_NE(r.exit_code, 0);  // an unknown option is still refused
+  EXPECT_NE(r.err.find("--no-such-flag"), std::string::npos) << r.err;
+}
+
 TEST(BenchCli, KvCapacityIsAllocatedOrRefused) {
   TempDir dir, scratch;
   write_model(dir.path(), tiny_e2b_like(), FixtureLayout::kConditionalGeneration, HeadDimFormat::kRelease);

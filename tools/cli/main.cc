@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
     if (quiet) tandem::set_log_level(tandem::LogLevel::kError);
   });
   app.footer("Run `tandem <command> --help` for the options and examples of each command.");
+  app.fallthrough();  // -v / -q also after the subcommand (`tandem bench ... -v`); subcommands inherit it
 
   int exit_code = 0;
   tandem::cli::add_info_command(app, exit_code);
