@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "backend/cuda/launch_timer.h"
+#include "core/log.h"
 #include "core/status.h"
 #include "tensor/dtype.h"
 
@@ -42,6 +43,11 @@ class FusedChoice {
     TANDEM_ASSIGN_OR_RETURN(const float composite_ms, timer_.best_ms(stream, composite));
     const bool win = fused_ms < composite_ms;
     picks_[key] = win;
+    static constexpr const char* kOpNames[] = {"geglu", "linear_gelu_mul", "linear_group"};
+    TANDEM_LOG_DEBUG("%s %lld x %lld -> %lld: one launch %.1f us, composite %.1f us -> %s",
+                     kOpNames[static_cast<int>(key.op)], static_cast<long long>(key.rows),
+                     static_cast<long long>(key.n_in), static_cast<long long>(key.n_out), 1e3f * fused_ms,
+                     1e3f * composite_ms, win ? "one launch" : "composite");
     return win;
   }
   [[nodiscard]] size_t size() const { return picks_.size(); }

@@ -12,6 +12,7 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
+#include "core/log.h"
 #include "core/strings.h"
 
 namespace tandem::cuda {
@@ -214,11 +215,19 @@ Status Gemm::tune(const LinearArgs& a, Plan* p, cudaStream_t stream, void* works
   TANDEM_ASSIGN_OR_RETURN(const float gemv_ms, time_best([&] { return launch_gemv(a, sm_count_, stream); }));
   TANDEM_ASSIGN_OR_RETURN(const float lt_ms, time_best([&] { return run_cublaslt(a, *p, stream, workspace); }));
   p->pick = gemv_ms < lt_ms ? kPickGemv : kPickCublasLt;
-  if (gemv_tc_takes(a.x.rows(), a.w.dim(1), a.w.dim(0))) {
+  const bool tc = gemv_tc_takes(a.x.rows(), a.w.dim(1), a.w.dim(0));
+  float cores_ms = -1.f;
+  if (tc) {
     // The GEMV above ran on the tensor cores: the CUDA-core kernel is a third candidate (bench/RESULTS.md run AZ).
-    TANDEM_ASSIGN_OR_RETURN(const float cores_ms, time_best([&] { return launch_gemv(a, sm_count_, stream, false); }));
+    TANDEM_ASSIGN_OR_RETURN(cores_ms, time_best([&] { return launch_gemv(a, sm_count_, stream, false); }));
     if (cores_ms < std::min(gemv_ms, lt_ms)) p->pick = kPickCudaCores;
   }
+  // `tandem -v`: every timed shape and its times, to see which picks differ between processes (runs BB-BE).
+  TANDEM_LOG_DEBUG("linear %lld x %lld -> %lld (%s out): %s %.1f us, cuBLASLt %.1f us%s -> %s",
+                   static_cast<long long>(a.x.rows()), static_cast<long long>(a.w.dim(1)),
+                   static_cast<long long>(a.w.dim(0)), dtype_name(a.out.dtype), tc ? "GEMV tensor cores" : "GEMV",
+                   1e3f * gemv_ms, 1e3f * lt_ms, tc ? strfmt(", CUDA cores %.1f us", 1e3f * cores_ms).c_str() : "",
+                   p->pick == kPickCublasLt ? "cuBLASLt" : (p->pick == kPickCudaCores ? "CUDA cores" : "GEMV"));
   return ok_status();
 }
 
