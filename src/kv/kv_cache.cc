@@ -7,6 +7,14 @@
 #include "core/strings.h"
 
 namespace tandem {
+namespace {
+
+// K and V bytes of one position of one layer.
+size_t kv_row_bytes(const KvLayerSpec& ls, DType dtype) {
+  return 2 * static_cast<size_t>(ls.n_kv_heads) * static_cast<size_t>(ls.head_dim) * dtype_size(dtype);
+}
+
+}  // namespace
 
 Result<KvCache> KvCache::create(std::vector<KvLayerSpec> layers, Backend& backend, const KvCacheOptions& opts) {
   if (opts.max_positions <= 0 || opts.max_tokens_per_forward <= 0)
@@ -78,8 +86,7 @@ Status KvCache::truncate(int64_t new_length) {
 size_t KvCache::bytes_per_position(const std::vector<KvLayerSpec>& layers, DType dtype) {
   size_t n = 0;
   for (const KvLayerSpec& ls : layers)
-    if (ls.owns_kv && ls.window == 0)
-      n += 2 * static_cast<size_t>(ls.n_kv_heads) * static_cast<size_t>(ls.head_dim) * dtype_size(dtype);
+    if (ls.owns_kv && ls.window == 0) n += kv_row_bytes(ls, dtype);
   return n;
 }
 
@@ -88,8 +95,7 @@ size_t KvCache::bytes_read_per_token(const std::vector<KvLayerSpec>& layers, DTy
   size_t n = 0;
   for (const KvLayerSpec& ls : layers) {
     const int64_t keys = ls.window > 0 ? std::min<int64_t>(context, ls.window) : context;
-    n += 2 * static_cast<size_t>(ls.n_kv_heads) * static_cast<size_t>(ls.head_dim) * dtype_size(dtype) *
-         static_cast<size_t>(keys);
+    n += kv_row_bytes(ls, dtype) * static_cast<size_t>(keys);
   }
   return n;
 }
