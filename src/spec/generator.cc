@@ -43,6 +43,9 @@ Result<GenerationResult> Generator::generate(std::span<const int32_t> prompt, co
   if (opts.max_new_tokens < 0) return invalid_argument("max_new_tokens must be >= 0");
   if (opts.draft_tokens < 0 || opts.max_draft_tokens < 1 || opts.draft_tokens > 64 || opts.max_draft_tokens > 64)
     return invalid_argument("draft tokens must be between 0 and 64");
+  if (opts.prefill_chunk < 1 || opts.prefill_chunk > kMaxPrefillChunk)
+    return invalid_argument(
+        strfmt("the prefill chunk must be 1..%d tokens (got %d)", kMaxPrefillChunk, opts.prefill_chunk));
   Backend& be = target_.backend();
   const bool speculate = drafter_ != nullptr && (opts.draft_mode != DraftMode::kFixed || opts.draft_tokens > 0);
   const int max_k = !speculate ? 0 : opts.draft_mode == DraftMode::kFixed ? opts.draft_tokens : opts.max_draft_tokens;
@@ -55,8 +58,9 @@ Result<GenerationResult> Generator::generate(std::span<const int32_t> prompt, co
   if (L + 1 > context)
     return out_of_range(strfmt("the prompt has %lld tokens but the context is %lld", static_cast<long long>(L),
                                static_cast<long long>(context)));
-  TANDEM_ASSIGN_OR_RETURN(KvCache cache, target_.new_cache({.max_positions = context,
-                                                             .max_tokens_per_forward = std::max(256, max_k + 1)}));
+  TANDEM_ASSIGN_OR_RETURN(
+      KvCache cache,
+      target_.new_cache({.max_positions = context, .max_tokens_per_forward = std::max(opts.prefill_chunk, max_k + 1)}));
   std::unique_ptr<DraftPolicy> policy = opts.draft_mode == DraftMode::kAuto ? make_cost_model_policy(max_k)
                                         : opts.draft_mode == DraftMode::kHeuristic
                                             ? make_heuristic_policy(opts.draft_tokens, max_k)

@@ -20,6 +20,11 @@ namespace tandem {
 
 enum class DraftMode : uint8_t { kFixed, kHeuristic, kAuto };
 
+// Prompt tokens per target forward: the default, and the most taken (each chunk's activations are allocated at once,
+// and every sliding layer's KV ring holds a chunk beside its window).
+inline constexpr int kDefaultPrefillChunk = 256;
+inline constexpr int kMaxPrefillChunk = 8192;
+
 struct GenerateOptions {
   int max_new_tokens = 128;         // emitted tokens only; drafts never count
   SamplingParams sampling;
@@ -29,6 +34,7 @@ struct GenerateOptions {
   int max_draft_tokens = 8;         // upper bound for the adaptive modes
   bool sample_drafts = false;       // sampling only: draw drafts from the drafter's processed distribution
   int64_t context = 0;              // KV positions to allocate; 0 = prompt + max_new_tokens + a draft block
+  int prefill_chunk = kDefaultPrefillChunk;  // prompt tokens per target forward (a longer prompt runs in chunks)
 };
 
 struct RoundRecord {

@@ -182,5 +182,25 @@ TEST(BenchCli, KvCapacityIsAllocatedOrRefused) {
   EXPECT_NE(r.out.find("per token, 92 positions"), std::string::npos) << r.out;
 }
 
+TEST(BenchCli, PrefillChunkIsUsedOrRefused) {
+  TempDir dir, scratch;
+  write_model(dir.path(), tiny_e2b_like(), FixtureLayout::kConditionalGeneration, HeadDimFormat::kRelease);
+  const std::string base = "bench --model " + dir.path() + " --iters 1 --context 8 --max-k 1 --threads 1";
+  for (const char* bad : {"0", "-3", "8193"}) {
+    RunResult r = run_cli(base + " --prefill-chunk " + bad, scratch);
+    EXPECT_EQ(r.exit_code, 1) << bad;
+    EXPECT_NE(r.err.find(std::string("--prefill-chunk must be 1..8192 (got ") + bad + ")"), std::string::npos) << r.err;
+  }
+  RunResult r = run_cli(base + " --prefill-chunk 3", scratch);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("prefill 8 tokens, chunks of 3 ("), std::string::npos) << r.out;
+  r = run_cli(base, scratch);  // the default chunk (256) takes the whole prompt
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("prefill 8 tokens ("), std::string::npos) << r.out;
+  r = run_cli("generate --model " + dir.path() + " --ids 5,6,7 --max-tokens 2 --prefill-chunk 0", scratch);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--prefill-chunk must be 1..8192 (got 0)"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace tandem

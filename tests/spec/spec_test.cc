@@ -121,6 +121,36 @@ TEST_P(Speculative, GreedySpeculativeEqualsPlain) {
   }
 }
 
+TEST_P(Speculative, PromptChunksGiveTheSameTokens) {
+  // A prompt longer than the prefill chunk runs as several forwards over the growing cache; plain and speculative
+  // decoding after it give the tokens of the default single-forward prefill.
+  auto want = run(prompt_, 0, 24, false);
+  ASSERT_TRUE(want.ok()) << want.status().to_string();
+  ASSERT_GT(prompt_.size(), 7u);
+  for (int chunk : {1, 3, 7}) {
+    for (int k : {0, 3}) {
+      Generator gen(*target_, k > 0 ? drafter_.get() : nullptr);
+      GenerateOptions o;
+      o.max_new_tokens = 24;
+      o.draft_tokens = k;
+      o.prefill_chunk = chunk;
+      for (int e : target_->config().eos_ids) o.stop_ids.push_back(e);
+      auto r = gen.generate(prompt_, o);
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      EXPECT_EQ(r->tokens, want->tokens) << "chunk " << chunk << ", K=" << k;
+    }
+  }
+  Generator gen(*target_, drafter_.get());
+  for (int chunk : {0, -1, kMaxPrefillChunk + 1}) {
+    GenerateOptions o;
+    o.prefill_chunk = chunk;
+    auto r = gen.generate(prompt_, o);
+    ASSERT_FALSE(r.ok()) << chunk;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("prefill chunk"), std::string::npos) << r.status().to_string();
+  }
+}
+
 TEST_P(Speculative, StopTokenInsideAnAcceptedBlockEndsTheOutput) {
   auto plain = run(prompt_, 0, 24, false);
   ASSERT_TRUE(plain.ok());

@@ -1,6 +1,8 @@
 // `tandem bench`: decode, verify, draft and speculative-round times of a checkpoint or of a released
 // architecture with random weights built in memory, each next to the memory-bandwidth floor measured in the same
 // run (weight bytes read per token / measured bandwidth). Appends its table to a results file on request.
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -9,13 +11,12 @@
 #include <functional>
 #include <random>
 
-#include <omp.h>
-
 #include "cli_common.h"
 #include "commands.h"
 #include "core/strings.h"
 #include "model/assistant.h"
 #include "model/synthetic.h"
+#include "spec/generator.h"
 
 namespace tandem::cli {
 namespace {
@@ -24,7 +25,7 @@ using Clock = std::chrono::steady_clock;
 
 struct BenchOptions {
   std::string model, draft, arch, device = "cpu", results, write_checkpoint;
-  int threads = 0, iters = 20, context = 128, max_k = 6;
+  int threads = 0, iters = 20, context = 128, max_k = 6, prefill_chunk = kDefaultPrefillChunk;
   int64_t kv_capacity = 0;  // KV positions to allocate; 0: the positions the bench writes
   bool json = false, no_draft = false, profile = false, trace = false;
 };
@@ -116,6 +117,8 @@ Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* hea
                  std::string* profile) {
   if (o.model.empty() == o.arch.empty()) return invalid_argument("give exactly one of --model and --arch");
   if (o.iters < 1 || o.context < 1 || o.max_k < 1 || o.max_k > 16) return invalid_argument("--iters, --context >= 1; --max-k 1..16");
+  if (o.prefill_chunk < 1 || o.prefill_chunk > kMaxPrefillChunk)
+    return invalid_argument(strfmt("--prefill-chunk must be 1..%d (got %d)", kMaxPrefillChunk, o.prefill_chunk));
   // Room for every committed token: prefill, decodes (timed, profiled, traced) and the rounds' fresh tokens.
   const int64_t needed = int64_t{o.context} + int64_t{o.iters} * (o.max_k + 3) + 80;
   if (o.kv_capacity < 0 || (o.kv_capacity > 0 && o.kv_capacity < needed))
@@ -181,7 +184,9 @@ Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* hea
     for (int32_t& t : v) t = static_cast<int32_t>(3 + rng() % static_cast<unsigned>(V - 3));
     return v;
   };
-  TANDEM_ASSIGN_OR_RETURN(KvCache cache, target->new_cache({.max_positions = capacity, .max_tokens_per_forward = 256}));
+  TANDEM_ASSIGN_OR_RETURN(
+      KvCache cache,
+      target->new_cache({.max_positions = capacity, .max_tokens_per_forward = std::max(o.prefill_chunk, o.max_k + 1)}));
   ForwardOutputs out;
   auto fwd = [&](const std::vector<int32_t>& toks, int n_out) -> Status {
     SequenceInput in{.cache = &cache, .tokens = toks, .n_outputs = n_out};
@@ -195,7 +200,9 @@ Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* hea
   auto t0 = Clock::now();
   TANDEM_TRY(fwd(prompt, 1));
   const double prefill_s = seconds_since(t0);
-  rows->push_back({strfmt("prefill %d tokens (%.0f tok/s)", o.context, o.context / prefill_s), prefill_s * 1e3, 0, ""});
+  const std::string chunks = o.context > o.prefill_chunk ? strfmt(", chunks of %d", o.prefill_chunk) : "";
+  rows->push_back({strfmt("prefill %d tokens%s (%.0f tok/s)", o.context, chunks.c_str(), o.context / prefill_s),
+                   prefill_s * 1e3, 0, ""});
   // Decode: one token per forward, committed; eagerly first where the backend has graphs, then from graphs.
   auto time_decode = [&](double* ms) -> Status {
     std::vector<double> dec;
@@ -368,6 +375,10 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--iters", o->iters, "Timed repetitions per measure (median reported)")->capture_default_str();
   cmd->add_option("--context", o->context, "Prompt length before the decode measures")->capture_default_str();
   cmd->add_option("--max-k", o->max_k, "Largest draft block timed")->capture_default_str();
+  cmd->add_option(
+         "--prefill-chunk", o->prefill_chunk,
+         strfmt("Prompt tokens per target forward, 1..%d (a longer --context runs in chunks)", kMaxPrefillChunk))
+      ->capture_default_str();
   cmd->add_option("--kv-capacity", o->kv_capacity,
                   "KV positions to allocate (0: the positions the bench writes). A server's context, e.g. 8192, sizes "
                   "the decode graphs' attention launches as the server's would")

@@ -21,6 +21,7 @@ struct SessionFlags {
   uint64_t seed = 0;
   bool ignore_eos = false, sample_drafts = false;
   int64_t context = 0;
+  int prefill_chunk = kDefaultPrefillChunk;
 };
 
 // Adds --model, --draft, sampling, draft-length and device flags to `cmd`.
