@@ -58,14 +58,16 @@ for pf in ${GPU_LAB_PREFILL-gemma4-26b-a4b:2048}; do
   run_step "prefill ${pf%%:*} ${pf#*:} tokens" 30 "bench_prefill_${pf%%:*}_${pf#*:}.txt" $B/tandem bench --device cuda \
     --arch "${pf%%:*}" --context "${pf#*:}" --iters 3 --max-k 1 --no-draft --results "$work/logs/RESULTS-gpu.md"
 done
-# Serving-sized KV caches: GPU_LAB_LONG lists "arch:context:capacity" entries (default: E4B after 128 and 4096 prompt
-# tokens in an 8192-position cache), benched with --context and --kv-capacity, so the graphs' attention launches are
-# sized as a server's with that context would be ("" skips it).
+# Serving-sized KV caches: GPU_LAB_LONG lists "arch:context:capacity[:VAR=VALUE]" entries (default: E4B after 128 and
+# 4096 prompt tokens in an 8192-position cache), benched with --context and --kv-capacity, so the graphs' attention
+# launches are sized as a server's with that context would be, and the long prompt's prefill is timed; the optional
+# setting runs that bench with one environment switch flipped, for an A/B beside the entry without it ("" skips it).
 for lc in ${GPU_LAB_LONG-gemma4-e4b:128:8192 gemma4-e4b:4096:8192}; do
-  IFS=: read -r lc_arch lc_ctx lc_cap <<<"$lc"
-  run_step "bench $lc_arch, $lc_ctx of $lc_cap positions" 40 "bench_long_${lc_arch}_${lc_ctx}_${lc_cap}.txt" \
-    $B/tandem bench --device cuda --arch "$lc_arch" --context "$lc_ctx" --kv-capacity "$lc_cap" --iters 5 --max-k 4 \
-    --results "$work/logs/RESULTS-gpu.md"
+  IFS=: read -r lc_arch lc_ctx lc_cap lc_env <<<"$lc"
+  run_step "bench $lc_arch, $lc_ctx of $lc_cap positions${lc_env:+, $lc_env}" 40 \
+    "bench_long_${lc_arch}_${lc_ctx}_${lc_cap}${lc_env:+_${lc_env//[^A-Za-z0-9_]/_}}.txt" \
+    env ${lc_env:+"$lc_env"} $B/tandem bench --device cuda --arch "$lc_arch" --context "$lc_ctx" --kv-capacity "$lc_cap" \
+    --iters 5 --max-k 4 --results "$work/logs/RESULTS-gpu.md"
 done
 # Loading a real checkpoint directory from the page cache: the random GPU_LAB_DISK_ARCH model (default gemma4-e2b)
 # written to disk with `tandem bench --write-checkpoint` (so its pages are cached), then benched with --model.
