@@ -7,7 +7,10 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <CLI/CLI.hpp>
+
 #include "core/strings.h"
+#include "spec/generator.h"
 
 namespace tandem::cli {
 
@@ -35,6 +38,18 @@ Result<std::vector<int32_t>> parse_ids(const std::string& text) {
 int fail(const char* command, const Status& status) {
   std::fprintf(stderr, "tandem %s: %s\n", command, status.to_string().c_str());
   return 1;
+}
+
+void add_prefill_chunk_option(CLI::App* cmd, int* chunk, const char* longer) {
+  const std::string help =
+      strfmt("Prompt tokens per target forward, 1..%d (a longer %s runs in chunks)", kMaxPrefillChunk, longer);
+  cmd->add_option("--prefill-chunk", *chunk, help)->capture_default_str();
+}
+
+Status check_prefill_chunk(int chunk) {
+  if (chunk < 1 || chunk > kMaxPrefillChunk)
+    return invalid_argument(strfmt("--prefill-chunk must be 1..%d (got %d)", kMaxPrefillChunk, chunk));
+  return ok_status();
 }
 
 Result<std::unique_ptr<Backend>> open_backend(const std::string& device, int threads) {

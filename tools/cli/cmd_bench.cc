@@ -1,8 +1,6 @@
 // `tandem bench`: decode, verify, draft and speculative-round times of a checkpoint or of a released
 // architecture with random weights built in memory, each next to the memory-bandwidth floor measured in the same
 // run (weight bytes read per token / measured bandwidth). Appends its table to a results file on request.
-#include <omp.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -10,6 +8,8 @@
 #include <fstream>
 #include <functional>
 #include <random>
+
+#include <omp.h>
 
 #include "cli_common.h"
 #include "commands.h"
@@ -117,8 +117,7 @@ Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* hea
                  std::string* profile) {
   if (o.model.empty() == o.arch.empty()) return invalid_argument("give exactly one of --model and --arch");
   if (o.iters < 1 || o.context < 1 || o.max_k < 1 || o.max_k > 16) return invalid_argument("--iters, --context >= 1; --max-k 1..16");
-  if (o.prefill_chunk < 1 || o.prefill_chunk > kMaxPrefillChunk)
-    return invalid_argument(strfmt("--prefill-chunk must be 1..%d (got %d)", kMaxPrefillChunk, o.prefill_chunk));
+  TANDEM_TRY(check_prefill_chunk(o.prefill_chunk));
   // Room for every committed token: prefill, decodes (timed, profiled, traced) and the rounds' fresh tokens.
   const int64_t needed = int64_t{o.context} + int64_t{o.iters} * (o.max_k + 3) + 80;
   if (o.kv_capacity < 0 || (o.kv_capacity > 0 && o.kv_capacity < needed))
@@ -375,10 +374,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--iters", o->iters, "Timed repetitions per measure (median reported)")->capture_default_str();
   cmd->add_option("--context", o->context, "Prompt length before the decode measures")->capture_default_str();
   cmd->add_option("--max-k", o->max_k, "Largest draft block timed")->capture_default_str();
-  cmd->add_option(
-         "--prefill-chunk", o->prefill_chunk,
-         strfmt("Prompt tokens per target forward, 1..%d (a longer --context runs in chunks)", kMaxPrefillChunk))
-      ->capture_default_str();
+  add_prefill_chunk_option(cmd, &o->prefill_chunk, "--context");
   cmd->add_option("--kv-capacity", o->kv_capacity,
                   "KV positions to allocate (0: the positions the bench writes). A server's context, e.g. 8192, sizes "
                   "the decode graphs' attention launches as the server's would")

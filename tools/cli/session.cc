@@ -41,9 +41,7 @@ void add_session_flags(CLI::App* cmd, SessionFlags* f) {
   cmd->add_option("--max-draft-tokens", f->max_draft_tokens, "Upper bound for auto / heuristic")->capture_default_str();
   cmd->add_flag("--sample-drafts", f->sample_drafts, "Sample drafts from the drafter (temperature > 0)");
   cmd->add_option("--context", f->context, "KV positions to allocate (0 = prompt + max tokens)");
-  cmd->add_option("--prefill-chunk", f->prefill_chunk,
-                  strfmt("Prompt tokens per target forward, 1..%d (a longer prompt runs in chunks)", kMaxPrefillChunk))
-      ->capture_default_str();
+  add_prefill_chunk_option(cmd, &f->prefill_chunk, "prompt");
   cmd->add_flag("--ignore-eos", f->ignore_eos, "Do not stop at the checkpoint's EOS ids");
   cmd->add_option("--device", f->device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--threads", f->threads, "CPU threads (0 = all cores)")->capture_default_str();
@@ -62,8 +60,7 @@ Result<Session> open_session(const SessionFlags& f, bool need_tokenizer) {
   TANDEM_TRY(g.sampling.validate());
   if (f.max_tokens < 0) return invalid_argument("--max-tokens must be >= 0");
   if (f.max_draft_tokens < 1 || f.max_draft_tokens > 64) return invalid_argument("--max-draft-tokens must be 1..64");
-  if (f.prefill_chunk < 1 || f.prefill_chunk > kMaxPrefillChunk)
-    return invalid_argument(strfmt("--prefill-chunk must be 1..%d (got %d)", kMaxPrefillChunk, f.prefill_chunk));
+  TANDEM_TRY(check_prefill_chunk(f.prefill_chunk));
   if (!std::filesystem::is_directory(f.model)) return not_found("--model: no checkpoint directory at " + f.model);
   if (!f.draft.empty() && !std::filesystem::is_directory(f.draft))
     return not_found("--draft: no checkpoint directory at " + f.draft);
