@@ -1,7 +1,8 @@
 // CUDA attention parity against ref::attention (spec §1.6, ops.h AttentionArgs): GQA, full storage with begin > 0,
 // wrapped rings with stale slots, sliding and drafter windows, non-causal, queries with no visible key, head dims
 // 20..512, strided storage, out aliasing q, and long contexts that take the split-K paths of both kernels (the
-// general one and the bf16 decode kernel: 1..16 tokens, GQA groups up to 8, several row chunks). The range end read
+// general one and the bf16 tensor-core kernel: decode and verify, GQA groups up to 8, several row chunks), prompt chunks
+// of up to 200 tokens on the tensor-core kernel (row chunks starting mid-token, rings, windows). The range end read
 // on the device (kv_end), also from a CUDA graph captured at one length and replayed at others. Outputs are
 // poisoned (NaN) and so are the storage slots outside [begin, end): a kernel reading them fails.
 #include <gtest/gtest.h>
@@ -236,6 +237,35 @@ TEST_F(CudaOps, AttentionDecodeTokenCounts) {
   }
 }
 
+TEST_F(CudaOps, AttentionPrefillChunksOnTheTensorCores) {
+  // bf16 prompt chunks: each 40-row block reads the union of its own tokens' ranges (a causal block stops at its
+  // last token) and masks per token. Shapes of the released models' layers and odd ones: 40 tokens per block
+  // (group 1), row chunks that start inside a token's group (group 3), a wrapped sliding ring with stale slots,
+  // full head_dim 512, few blocks that split the keys, and a non-causal window.
+  const AttnCase prompt_cases[] = {
+      {.name = "prompt from 0", .n_tok = 200, .n_heads = 8, .n_kv = 1, .head_dim = 256, .capacity = 256,
+       .begin = 0, .end = 200, .ring = false, .scale = 0.1f},
+      {.name = "prompt chunk on a sliding ring", .n_tok = 96, .n_heads = 4, .n_kv = 2, .head_dim = 256,
+       .capacity = 161, .begin = 341, .end = 500, .ring = true, .window = 64, .scale = 0.1f},
+      {.name = "prompt chunk hd512 gqa8", .n_tok = 64, .n_heads = 16, .n_kv = 2, .head_dim = 512, .capacity = 400,
+       .begin = 0, .end = 300, .ring = false, .scale = 0.05f},
+      {.name = "gqa3, chunks start mid-token", .n_tok = 50, .n_heads = 6, .n_kv = 2, .head_dim = 128,
+       .capacity = 200, .begin = 10, .end = 180, .ring = false, .scale = 0.1f},
+      {.name = "group 1, 40 tokens per block", .n_tok = 45, .n_heads = 2, .n_kv = 2, .head_dim = 256,
+       .capacity = 64, .begin = 0, .end = 60, .ring = false, .scale = 0.1f},
+      {.name = "prompt chunk split-K", .n_tok = 48, .n_heads = 8, .n_kv = 1, .head_dim = 512, .capacity = 3000,
+       .begin = 0, .end = 2900, .ring = false, .scale = 0.05f},
+      {.name = "non-causal window", .n_tok = 33, .n_heads = 4, .n_kv = 1, .head_dim = 64, .capacity = 100,
+       .begin = 0, .end = 90, .ring = false, .window = 20, .causal = false, .scale = 0.2f},
+  };
+  uint32_t seed = 1200;
+  for (const AttnCase& c : prompt_cases) {
+    run_case(be(), c, kBF16, kBF16, seed);
+    seed += 3;
+    if (HasFatalFailure()) return;
+  }
+}
+
 // Captures attention with a device kv_end into a CUDA graph at ends[0] (launch sized for the capacity), then
 // replays it at each end after writing that end and its query positions to the device: every replay must match
 // the reference at its own length. For a ring, begin = max(0, end - capacity); for a full store it stays c.begin.
@@ -309,8 +339,8 @@ TEST_F(CudaOps, AttentionKvEndGraphReplay) {
 }
 
 // The decode kernel cuts the keys by the range alone, so a graph launch sized for the capacity (its trailing
-// splits empty) gives the eager launch's bits at every length: one split or several, window or full, and a row
-// chunking of 9 tokens. Eager: kv.end = end, no kv_end (launch sized by the range).
+// splits empty) gives the eager launch's bits at every length: one split or several, window or full, and row
+// chunkings of 9 and 64 tokens. Eager: kv.end = end, no kv_end (launch sized by the range).
 TEST_F(CudaOps, AttentionDecodeGraphEqualsEagerBitwise) {
   struct Shape {
     int64_t n_tok, n_heads, n_kv, head_dim, capacity, window;
@@ -318,7 +348,8 @@ TEST_F(CudaOps, AttentionDecodeGraphEqualsEagerBitwise) {
   };
   const Shape shapes[] = {{1, 8, 1, 512, 4096, 0, {5, 33, 300, 1500, 4096}},
                           {1, 8, 1, 256, 4096, 512, {20, 300, 2000}},
-                          {9, 16, 2, 256, 2048, 1024, {40, 700, 2048}}};
+                          {9, 16, 2, 256, 2048, 1024, {40, 700, 2048}},
+                          {64, 8, 1, 256, 2048, 0, {100, 700, 2048}}};
   uint32_t seed = 1700;
   for (const Shape& sh : shapes) {
     const int64_t hd = sh.head_dim;

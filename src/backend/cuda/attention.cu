@@ -1,7 +1,7 @@
 // Attention on the GPU (ops.h AttentionArgs, spec §1.6): GQA over the layer's K/V storage (full or ring slots),
 // causal + sliding-window visibility as one key range per query, f32 math with an online (flash-decoding style)
-// softmax, scale 1.0 for Gemma 4. Few bf16 rows over a long context (decode, verify, drafter) go to the tensor-core
-// kernel of attention_decode.cu; everything else (prefill, f32, odd head dims) to the general kernel here: one block
+// softmax, scale 1.0 for Gemma 4. bf16 queries over bf16 K/V (decode, verify, drafter, prompt chunks) go to the
+// tensor-core kernel of attention_decode.cu; everything else (f32, odd head dims) to the general kernel here: one block
 // per (token, query head), its warps taking interleaved keys, each keeping a running max / sum / output row, merged
 // at the end. Few rows over a long context also split the keys across blocks (split-K): partial states go to the
 // stream's workspace and a second kernel merges them. The range end may be read on the device (kv_end).

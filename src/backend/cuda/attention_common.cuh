@@ -41,8 +41,8 @@ __device__ __forceinline__ KvRange kv_range(const int32_t* kv_end, int64_t begin
 Status launch_attention_combine(void* out, DType out_dtype, const float* partial, int n_splits, int64_t rows,
                                 int64_t head_dim, cudaStream_t stream);
 
-// Whether the decode kernel takes this op: bf16 q/out and K/V, 1..16 tokens, head_dim % 8 == 0 (<= 512), 16-byte
-// aligned K/V rows. (attention_decode.cu)
+// Whether the tensor-core kernel takes this op: bf16 q/out and K/V, any token count (TANDEM_ATTN_TC_MAX_TOKENS may cap
+// it), head_dim % 8 == 0 (<= 512), 16-byte aligned K/V rows. (attention_decode.cu)
 bool attention_decode_applies(const AttentionArgs& a);
 
 // Enqueues the decode kernel (and the combine when it splits the keys). max_keys sizes the launch: the range the

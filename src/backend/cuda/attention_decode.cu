@@ -1,7 +1,8 @@
-// Attention for a few query tokens over a long context (decode, speculative verify, drafter: ops.h AttentionArgs,
-// spec §1.6), flash-decoding style on the tensor cores, bf16 q/out/K/V. One block per (KV head, split of the keys,
-// chunk of query rows), the rows being every query head of the KV head's GQA group for every token, so each K/V row
-// is read from memory once per split (per 40-row chunk beyond that). K/V tiles stream through a cp.async pipeline
+// Attention of bf16 queries over bf16 K/V on the tensor cores (ops.h AttentionArgs, spec §1.6), flash-decoding
+// style: decode, speculative verify and the drafter (a few query tokens over a long context) and prompt chunks (any
+// number of tokens). One block per (KV head, split of the keys, chunk of at most 40 query rows), the rows being every
+// query head of the KV head's GQA group for each of the chunk's tokens, so each K/V row is read from memory once per
+// split and chunk; a block reads the union of its own tokens' key ranges (a causal chunk stops at its last token). K/V tiles stream through a cp.async pipeline
 // into shared memory; S^T = K Q^T and O^T += V^T P^T run as bf16 mma.sync with f32 accumulation, warp w owning head
 // dims [64w, 64w + 64) of both (its partial scores are summed across warps), and the online softmax runs in f32 in
 // between. Split-K partial states go to the stream's workspace and attention.cu's combine kernel merges them.
@@ -28,8 +29,8 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kMaxTokens = 16;          // query tokens the decode path takes (verify of up to 15 drafts)
-constexpr int kMaxChunkRows = 40;       // query rows per block (5 mma n-tiles): bounds the accumulator registers
+constexpr int kMaxChunkRows = 40;       // query rows per block (5 mma n-tiles): bounds the accumulator registers,
+                                        // and the tokens a chunk touches (at least one row each)
 constexpr int kMaxHeadDim = 512;        // Gemma 4's full-attention head dim
 constexpr int kMinSplitKeys = 32;       // fewest keys worth a split of their own (TANDEM_ATTN_SPLIT_KEYS overrides)
 constexpr float kLog2e = 1.4426950408889634f;
@@ -53,7 +54,7 @@ struct Geo {
   static constexpr size_t kKvBytes = size_t{kStages} * 2 * kTileElems * sizeof(bf16);
   static constexpr size_t kSxBytes = size_t{NW} * kRows * kSxStride * sizeof(float);
   static constexpr size_t kPBytes = size_t{kRows} * kPStride * sizeof(bf16);
-  static constexpr size_t kStatBytes = 3 * kRows * sizeof(float) + 2 * kMaxTokens * sizeof(int);
+  static constexpr size_t kStatBytes = 3 * kRows * sizeof(float) + 2 * kMaxChunkRows * sizeof(int);
   static constexpr size_t kSmem = kKvBytes + kSxBytes + kPBytes + kStatBytes;
   static constexpr int kCopiesPerThread = 2 * kTileElems / 8 / kThreads;  // 16-byte cp.async per stage
   static_assert(kCopiesPerThread * kThreads * 8 == 2 * kTileElems, "whole tiles per stage");
@@ -94,8 +95,8 @@ __global__ void __launch_bounds__(32 * NW, 1) attention_decode_kernel(DecodePara
   float* s_m = reinterpret_cast<float*>(smem + G::kKvBytes + G::kSxBytes + G::kPBytes);  // running max (base 2)
   float* s_l = s_m + G::kRows;                                       // running sum
   float* s_corr = s_l + G::kRows;                                    // this tile's rescale of the accumulator
-  int* s_lo = reinterpret_cast<int*>(s_corr + G::kRows);             // visible keys of token t: [lo, hi)
-  int* s_hi = s_lo + kMaxTokens;
+  int* s_lo = reinterpret_cast<int*>(s_corr + G::kRows);             // visible keys of token t0 + i: [lo, hi)
+  int* s_hi = s_lo + kMaxChunkRows;
 
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const int gq = lane / 4, tq = lane % 4;
@@ -104,11 +105,13 @@ __global__ void __launch_bounds__(32 * NW, 1) attention_decode_kernel(DecodePara
   const int n_rows = min(p.chunk_rows, p.n_tok * p.group - row0);
   const int hd = p.head_dim;
   if (n_rows <= 0) return;  // the whole block: no chunk is empty for the shapes the host makes
+  // The chunk's tokens: t0 .. t0 + n_ct - 1 (n_ct <= n_rows <= kMaxChunkRows).
+  const int t0 = row0 / p.group, n_ct = (row0 + n_rows - 1) / p.group - t0 + 1;
 
   // Visible keys per token (ops.h): [begin, end), k <= q_pos (causal), k > q_pos - window.
   const KvRange range = kv_range(p.kv_end, p.begin, p.end, p.capacity, p.ring);
-  for (int t = tid; t < p.n_tok; t += G::kThreads) {
-    const int64_t qp = p.q_pos[t];
+  for (int t = tid; t < n_ct; t += G::kThreads) {
+    const int64_t qp = p.q_pos[t0 + t];
     int64_t lo = range.begin, hi = range.end;
     if (p.causal) hi = min(hi, qp + 1);
     if (p.window > 0) lo = max(lo, qp - p.window + 1);
@@ -140,12 +143,12 @@ __global__ void __launch_bounds__(32 * NW, 1) attention_decode_kernel(DecodePara
   }
   __syncthreads();
 
-  // The union of the tokens' ranges, and this split's share of it: split_target splits of at least min_split_keys
+  // The union of the chunk's tokens' ranges, and this split's share of it: split_target splits of at least min_split_keys
   // keys in whole tiles. The cut depends only on the range, not on how many splits were launched, so a launch sized
   // for a long context (a graph) leaves the trailing splits empty at a short one and gives the eager launch's bits.
   int64_t lo_all = 0, hi_all = 0;
   bool any = false;
-  for (int t = 0; t < p.n_tok; ++t) {
+  for (int t = 0; t < n_ct; ++t) {
     if (s_lo[t] >= s_hi[t]) continue;
     lo_all = any ? min(lo_all, static_cast<int64_t>(s_lo[t])) : s_lo[t];
     hi_all = any ? max(hi_all, static_cast<int64_t>(s_hi[t])) : s_hi[t];
@@ -246,7 +249,7 @@ __global__ void __launch_bounds__(32 * NW, 1) attention_decode_kernel(DecodePara
       float s[4] = {s4.x, s4.y, s4.z, s4.w};
       int64_t lo = 0, hi = 0;  // padding rows see nothing
       if (r < n_rows) {
-        const int t = (row0 + r) / p.group;
+        const int t = (row0 + r) / p.group - t0;
         lo = s_lo[t];
         hi = s_hi[t];
       }
@@ -441,6 +444,17 @@ Status launch_nw(const DecodeParams& p, int nt, const DecodeShape& s, const Scra
   }
 }
 
+// Most query tokens this kernel takes: all, or TANDEM_ATTN_TC_MAX_TOKENS (an A/B switch: 16 sends prompt chunks to
+// the general kernel, as before prompt chunks ran here), read once.
+int64_t max_tc_tokens() {
+  static const int64_t tokens = [] {
+    const char* e = std::getenv("TANDEM_ATTN_TC_MAX_TOKENS");
+    const long long v = e != nullptr ? std::atoll(e) : 0;
+    return v >= 1 ? static_cast<int64_t>(v) : int64_t{INT_MAX};
+  }();
+  return tokens;
+}
+
 }  // namespace
 
 bool attention_decode_applies(const AttentionArgs& a) {
@@ -448,10 +462,11 @@ bool attention_decode_applies(const AttentionArgs& a) {
   if (a.q.dtype != DType::kBF16 || a.out.dtype != DType::kBF16 || kv.k.dtype != DType::kBF16 ||
       kv.v.dtype != DType::kBF16)
     return false;
-  const int64_t n_tok = a.q.shape[0], head_dim = a.q.shape[2];
-  if (n_tok < 1 || n_tok > kMaxTokens || head_dim < 8 || head_dim > kMaxHeadDim || head_dim % 8 != 0) return false;
-  // Positions and slots are i32 (q_pos, kv_end); 16-byte rows for cp.async (strides in elements).
-  if (kv.capacity() > INT_MAX || kv.end > INT_MAX || a.window > INT_MAX) return false;
+  const int64_t n_tok = a.q.shape[0], n_heads = a.q.shape[1], head_dim = a.q.shape[2];
+  if (n_tok < 1 || n_tok > max_tc_tokens() || head_dim < 8 || head_dim > kMaxHeadDim || head_dim % 8 != 0) return false;
+  // Query rows, positions and slots are int in the kernel (q_pos, kv_end are i32); 16-byte rows for cp.async
+  // (strides in elements).
+  if (n_tok * n_heads > INT_MAX || kv.capacity() > INT_MAX || kv.end > INT_MAX || a.window > INT_MAX) return false;
   return aligned16(a.q.data) && aligned16(a.out.data) && aligned16(kv.k.data) && aligned16(kv.v.data) &&
          kv.k.stride[0] % 8 == 0 && kv.k.stride[1] % 8 == 0 && kv.v.stride[0] % 8 == 0 && kv.v.stride[1] % 8 == 0;
 }
