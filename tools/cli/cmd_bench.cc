@@ -202,6 +202,17 @@ Status run_bench(const BenchOptions& o, std::vector<Row>* rows, std::string* hea
   const std::string chunks = o.context > o.prefill_chunk ? strfmt(", chunks of %d", o.prefill_chunk) : "";
   rows->push_back({strfmt("prefill %d tokens%s (%.0f tok/s)", o.context, chunks.c_str(), o.context / prefill_s),
                    prefill_s * 1e3, 0, ""});
+  if (o.profile && !be->device().is_cpu()) {
+    // Per-op device times of the whole prompt (every chunk, eagerly), run once more into a cleared cache.
+    const bool was = target->graphs_enabled();
+    target->set_graphs(false);
+    cache.clear();
+    be->set_profiling(true);
+    TANDEM_TRY(fwd(prompt, 1));
+    target->set_graphs(was);
+    *profile += strfmt("\nper-op device time, prefill %d tokens%s (all chunks):\n", o.context, chunks.c_str()) +
+                be->profile_report(1);
+  }
   // Decode: one token per forward, committed; eagerly first where the backend has graphs, then from graphs.
   auto time_decode = [&](double* ms) -> Status {
     std::vector<double> dec;
@@ -381,7 +392,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
-  cmd->add_flag("--profile", o->profile, "Also print per-op device times of eager decode and verify forwards (CUDA)");
+  cmd->add_flag("--profile", o->profile, "Also print per-op device times of the prefill and of eager decode and verify forwards (CUDA)");
   cmd->add_flag("--trace", o->trace,
                 "Also print kernel timelines of decode and verify graph replays: idle time between kernels, overlap, "
                 "per-kernel times (CUDA with CUPTI)");
