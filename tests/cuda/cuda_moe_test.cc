@@ -429,17 +429,22 @@ TEST_F(CudaOps, MoeExpertsOneTokenDuplicateAndInvalidIndices) {
 }
 
 TEST_F(CudaOps, MoeExpertsChunkedTokens) {
-  // More pairs than one chunk takes (2048): 600 tokens x top-8 run in chunks of 256, 256 and 88 tokens; top-5 on
-  // odd sizes (one-element loads) in chunks of 409 and 191.
+  // More pairs than one chunk takes (8192): 2100 tokens x top-8 run in chunks of 1024, 1024 and 52 tokens; top-5 on
+  // odd sizes (one-element loads) in chunks of 1638 and 462. A prompt chunk of 1100 tokens whose intermediates
+  // (34.6 MB per 1024 tokens) outgrow the stream's 32 MiB workspace: the backend's MoE scratch, 1024 + 76 tokens.
   struct Case {
     ExpertCase shape;
     DType weights, act;
+    int64_t n_tok;
   };
-  const Case cases[] = {{{32, 64, 32, 8}, kBF16, kBF16}, {{32, 64, 32, 8}, kF32, kF32}, {{9, 67, 37, 5}, kBF16, kF32}};
-  const int64_t n_tok = 600;
+  const Case cases[] = {{{32, 64, 32, 8}, kBF16, kBF16, 2100},
+                        {{32, 64, 32, 8}, kF32, kF32, 2100},
+                        {{9, 67, 37, 5}, kBF16, kF32, 2100},
+                        {{16, 1024, 32, 8}, kBF16, kBF16, 1100}};
   uint32_t seed = 1700;
   for (const Case& c : cases) {
     const ExpertCase& s = c.shape;
+    const int64_t n_tok = c.n_tok;
     SCOPED_TRACE(strfmt("experts %lld d_model %lld d_ff %lld k %d, weights %s act %s, %lld tokens",
                         static_cast<long long>(s.n_exp), static_cast<long long>(s.d_model),
                         static_cast<long long>(s.d_ff), s.k, dtype_name(c.weights), dtype_name(c.act),

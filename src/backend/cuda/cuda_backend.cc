@@ -166,6 +166,7 @@ CudaBackend::~CudaBackend() {
   gemm_.reset();
   for (const StreamState& s : streams_) {
     if (s.workspace) (void)cudaFree(s.workspace);
+    if (s.moe_scratch) (void)cudaFree(s.moe_scratch);
     if (s.done) (void)cudaEventDestroy(s.done);
     (void)cudaStreamDestroy(s.stream);
   }
@@ -668,6 +669,32 @@ Scratch CudaBackend::scratch() const {
   return {streams_[static_cast<size_t>(current_)].workspace, Gemm::kWorkspaceBytes, props_.multiProcessorCount};
 }
 
+Scratch CudaBackend::moe_scratch(size_t wanted) {
+  const Scratch ws = scratch();
+  if (wanted <= ws.bytes) return ws;
+  StreamState& s = streams_[static_cast<size_t>(current_)];
+  if (wanted <= s.moe_bytes) return {s.moe_scratch, s.moe_bytes, ws.sm_count};
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (capturing_ || cudaStreamIsCapturing(s.stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone)
+    return s.moe_bytes > ws.bytes ? Scratch{s.moe_scratch, s.moe_bytes, ws.sm_count} : ws;
+  // The old buffer may still be read by this stream's queued kernels.
+  if (s.moe_scratch != nullptr) {
+    if (cudaStreamSynchronize(s.stream) != cudaSuccess) return ws;  // the error stays for the next check
+    (void)cudaFree(s.moe_scratch);
+    s.moe_scratch = nullptr;
+    s.moe_bytes = 0;
+  }
+  if (cudaMalloc(&s.moe_scratch, wanted) != cudaSuccess) {
+    (void)cudaGetLastError();  // out of memory: chunk the tokens in the workspace instead
+    s.moe_scratch = nullptr;
+    TANDEM_LOG_DEBUG("cuda moe_experts: no room for a %zu-byte scratch; prompt chunks' experts run in smaller chunks",
+                     wanted);
+    return ws;
+  }
+  s.moe_bytes = wanted;
+  return {s.moe_scratch, s.moe_bytes, ws.sm_count};
+}
+
 void CudaBackend::attention(const AttentionArgs& a) {
   expect_gpu(a.out, index_, "attention", "out");
   expect_gpu(a.q, index_, "attention", "q");
@@ -756,7 +783,7 @@ void CudaBackend::moe_experts(const MoeExpertsArgs& a) {
                    a.x.describe().c_str(), a.idx.describe().c_str(), a.weights.describe().c_str());
   if (!activate()) return;
   const int pt = prof_.begin(cuda_stream(current_));
-  record(launch_moe_experts(a, scratch(), cuda_stream(current_)));
+  record(launch_moe_experts(a, moe_scratch(moe_experts_scratch_bytes(a)), cuda_stream(current_)));
   if (pt >= 0) prof_.end(pt, cuda_stream(current_), strfmt("moe_experts %lld tok", static_cast<long long>(a.x.rows())));
 }
 

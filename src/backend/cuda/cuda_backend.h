@@ -122,6 +122,9 @@ class CudaBackend final : public Backend {
   void expect_rms_norm(const RmsNormArgs& a) const;
   // The current stream's workspace and the SM count, for attention's split-K and the MoE intermediates.
   [[nodiscard]] Scratch scratch() const;
+  // moe_experts' scratch for `wanted` bytes: the workspace when it holds them, else the stream's MoE scratch, grown
+  // now if it is smaller (outside captures; when the allocation fails, the workspace, which chunks the tokens).
+  Scratch moe_scratch(size_t wanted);
   [[nodiscard]] bool valid_stream(StreamId id) const { return id >= 0 && id < static_cast<StreamId>(streams_.size()); }
   // Whether an op of `key`'s shape runs as its fused launch: always up to fused_gemv_rows() rows; above that, the
   // timed pick (timing it now, outside a capture, where not yet timed; the composite while capturing). The timing
@@ -131,6 +134,10 @@ class CudaBackend final : public Backend {
   struct StreamState {
     cudaStream_t stream = nullptr;
     void* workspace = nullptr;  // cuBLASLt workspace, Gemm::kWorkspaceBytes
+    // moe_experts' scratch when a prompt chunk's intermediates outgrow the workspace: grown on first need, outside
+    // graph captures; moe_bytes = 0 when none.
+    void* moe_scratch = nullptr;
+    size_t moe_bytes = 0;
     cudaEvent_t done = nullptr;  // wait_stream(x, this stream) records it here
   };
   int index_;

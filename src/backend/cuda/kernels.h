@@ -81,6 +81,9 @@ Status launch_attention(const AttentionArgs& a, const Scratch& scratch, cudaStre
 // only, so it can be captured in a CUDA graph)
 Status launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
 Status launch_moe_experts(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream_t stream);
+// The scratch bytes that let launch_moe_experts run all of a's tokens in one chunk (at most 8192 token-expert pairs,
+// the grouping's limit): a prompt chunk's experts then read their weights once. 0 for a malformed a.
+size_t moe_experts_scratch_bytes(const MoeExpertsArgs& a);
 // Whether the GEMV-style expert kernels stage their weight rows in shared memory (moe.cu stage_rows; the same bits
 // either way) for launches of 2 or more tokens, one pair per pass. On unless TANDEM_MOE_STAGED=0.
 void set_moe_staged(bool on);

@@ -45,9 +45,15 @@ using bf16 = __nv_bfloat16;
 
 // ---- moe_experts ----
 
+// The scratch moe_experts lays out (launch_moe_experts): the tables and alignment padding, and per token of a chunk
+// its pairs' h (counted at 4 bytes) and y rows and index.
+int64_t scratch_fixed_bytes(int64_t n_exp) { return 3 * n_exp * 4 + 3 * 256; }
+int64_t scratch_bytes_per_token(int64_t k, int64_t d_ff, int64_t d_model) { return k * ((d_ff + d_model) * 4 + 4); }
+
 constexpr int kThreads = 256;                // threads per expert block
 constexpr int kWarps = kThreads / kWarp;
-constexpr int kMaxChunkPairs = 2048;         // (token, slot) pairs per chunk: bounds the grouping's shared memory
+constexpr int kMaxChunkPairs = 8192;         // (token, slot) pairs per chunk (1024 tokens at k = 8): bounds the
+                                             // grouping's shared memory (40 KB)
 constexpr int64_t kBlocksPerSm = 4;          // rows per block shrink until the grid fills every SM this often
 constexpr int64_t kTcMinTokens = 32;         // chunks of this many tokens take the tensor-core kernels (moe_tc.cu)
 
@@ -547,8 +553,7 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
   // y [pairs, d_model] f32, each 256-byte aligned (h rows are then 16-byte aligned for the down kernel's vector
   // loads). The per-token bound counts h at 4 bytes. Tokens per chunk: as many as fit, and at
   // most kMaxChunkPairs pairs.
-  const int64_t fixed = 3 * s.n_exp * 4 + 3 * 256;
-  const int64_t per_token = s.k * ((s.d_ff + s.d_model) * 4 + 4);
+  const int64_t fixed = scratch_fixed_bytes(s.n_exp), per_token = scratch_bytes_per_token(s.k, s.d_ff, s.d_model);
   const auto bytes = static_cast<int64_t>(scratch.bytes);
   const int64_t fit = bytes > fixed ? (bytes - fixed) / per_token : 0;
   const int64_t chunk = std::min<int64_t>({n_tok, kMaxChunkPairs / s.k, fit});
@@ -679,6 +684,15 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
 
 void set_moe_staged(bool on) { staged_flag().store(on, std::memory_order_relaxed); }
 bool moe_staged() { return staged_flag().load(std::memory_order_relaxed); }
+
+size_t moe_experts_scratch_bytes(const MoeExpertsArgs& a) {
+  if (a.gate_up.ndim != 3 || a.idx.ndim < 1) return 0;
+  const int64_t k = a.idx.dim(-1);
+  if (k < 1) return 0;
+  const int64_t tokens = std::min<int64_t>(a.x.rows(), kMaxChunkPairs / k);
+  return static_cast<size_t>(scratch_fixed_bytes(a.gate_up.shape[0]) +
+                             tokens * scratch_bytes_per_token(k, a.gate_up.shape[1] / 2, a.gate_up.shape[2]));
+}
 
 Status launch_moe_experts(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream_t stream) {
   const DType wt = a.gate_up.dtype, xt = a.x.dtype;
