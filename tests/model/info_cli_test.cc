@@ -194,7 +194,7 @@ TEST(BenchCli, PrefillChunkIsUsedOrRefused) {
   RunResult r = run_cli(base + " --prefill-chunk 3", scratch);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("prefill 8 tokens, chunks of 3 ("), std::string::npos) << r.out;
-  r = run_cli(base, scratch);  // the default chunk (256) takes the whole prompt
+  r = run_cli(base, scratch);  // the default chunk (1024) takes the whole prompt
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("prefill 8 tokens ("), std::string::npos) << r.out;
   r = run_cli("generate --model " + dir.path() + " --ids 5,6,7 --max-tokens 2 --prefill-chunk 0", scratch);
