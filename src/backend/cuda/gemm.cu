@@ -178,6 +178,11 @@ namespace {
 // on wide shapes, but cuBLASLt's small-T kernels are slow on narrow ones (E2B's 5-row [256 x 1536] product: 35 us),
 // so the timing per shape decides.
 constexpr int64_t kAutoGemvRows = 9;
+// Products of fewer rows (decode) take the GEMV untimed. In a graph it requests its weights before the kernel ahead
+// of it ends, which a timing in isolation cannot see: timed, E2B's one-row 12288 -> 1536 product went to cuBLASLt in
+// some processes, and decode took 5% longer (bench/RESULTS.md runs BH-BI); with every one-row product on the GEMV,
+// E4B, 26B-A4B and 31B decode as fast as timed (run BD).
+constexpr int64_t kMinTimedRows = 2;
 }  // namespace
 
 Gemm::Key Gemm::key_of(const LinearArgs& a) { return Key{a.x.rows(), a.w.dim(0), a.w.dim(1), a.out.dtype}; }
@@ -191,6 +196,7 @@ LinearPath Gemm::path_for(const LinearArgs& a, const Plan* p) const {
   const bool gemv_ok = gemv_eligible(a);
   if (gemv_mode_ == GemvMode::kOn && gemv_ok) return LinearPath::kGemv;
   const bool auto_gemv = gemv_mode_ == GemvMode::kAuto && gemv_ok && a.x.rows() <= kAutoGemvRows;
+  if (auto_gemv && a.x.rows() < kMinTimedRows) return LinearPath::kGemv;
   if (p != nullptr && p->has_algo)
     return auto_gemv && p->pick > kPickCublasLt ? LinearPath::kGemv : LinearPath::kCublasLt;
   if (auto_gemv) return LinearPath::kGemv;  // cuBLASLt cannot take it
@@ -235,7 +241,8 @@ Status Gemm::run(const LinearArgs& a, cudaStream_t stream, void* workspace) {
   // One plan lookup per call: the timing, the path and cuBLASLt all use it.
   TANDEM_ASSIGN_OR_RETURN(Plan* const p, plan_if_eligible(a));
   // A decode shape that kAuto times, and whose pick it then follows.
-  const bool timed = p != nullptr && gemv_mode_ == GemvMode::kAuto && a.x.rows() <= kAutoGemvRows && gemv_eligible(a);
+  const bool timed = p != nullptr && gemv_mode_ == GemvMode::kAuto && a.x.rows() >= kMinTimedRows &&
+                     a.x.rows() <= kAutoGemvRows && gemv_eligible(a);
   if (timed && !a.accumulate && p->has_algo && p->pick < 0) {
     // First use of a decode shape outside a graph capture: time the paths (the output is written either way).
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
