@@ -45,6 +45,11 @@ Status launch_attention_combine(void* out, DType out_dtype, const float* partial
 // it), head_dim % 8 == 0 (<= 512), 16-byte aligned K/V rows. (attention_decode.cu)
 bool attention_decode_applies(const AttentionArgs& a);
 
+// Whether the prompt-chunk kernel takes this op (prefill_attention()'s mode, bf16, 32+ tokens, head_dim 64 / 128 /
+// 256, 16-byte aligned K/V rows), and its launch (no split of the keys, no workspace). (attention_prefill.cu)
+bool attention_prefill_applies(const AttentionArgs& a, int sm_count);
+Status launch_attention_prefill(const AttentionArgs& a, cudaStream_t stream);
+
 // Enqueues the decode kernel (and the combine when it splits the keys). max_keys sizes the launch: the range the
 // queries see (the capacity inside a graph capture with kv_end, so every replay length fits).
 Status launch_attention_decode(const AttentionArgs& a, int64_t max_keys, const Scratch& scratch,

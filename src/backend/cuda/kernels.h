@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 #include "backend/ops.h"
@@ -75,6 +76,12 @@ struct Scratch {
 // attention.cu, attention_decode.cu (split-K partial states go to the scratch when a few rows face a long context;
 // inside a graph capture with kv_end, the launch is sized for the storage's capacity)
 Status launch_attention(const AttentionArgs& a, const Scratch& scratch, cudaStream_t stream);
+// attention_prefill.cu: prompt chunks (32 or more bf16 query tokens, head_dim 64, 128 or 256) on a flash-attention
+// kernel instead of the decode kernel. kOff (the default until it has been timed on a GPU), kAuto (launches of at
+// least one block per SM), kAlways (every chunk it takes; tests). TANDEM_ATTN_PREFILL=auto / always sets it.
+enum class PrefillAttention : uint8_t { kOff, kAuto, kAlways };
+void set_prefill_attention(PrefillAttention m);
+PrefillAttention prefill_attention();
 
 // moe.cu (moe_experts, grouped by expert, keeps its grouping tables and its f32 intermediates h [pairs, d_ff] and
 // y [pairs, d_model] in the scratch, in token chunks when they do not fit; launch sizes depend on n_tokens and k

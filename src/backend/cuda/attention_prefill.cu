@@ -1,0 +1,371 @@
+// Attention of a prompt chunk (many bf16 query tokens, ops.h AttentionArgs, spec §1.6) on the tensor cores,
+// flash-attention style: one block of four warps per (64 query rows, KV head), the rows being the query heads of the
+// KV head's GQA group for consecutive tokens. Each warp owns 16 rows across the whole head dim: S = Q K^T for a tile
+// of 32 keys stays in its registers, the online softmax runs there (a row's four lanes reduce by shuffles), and the
+// probabilities, rounded to bf16, are the A operand of O += P V without a trip through shared memory. Q is staged in
+// shared memory once; K/V tiles stream through a double-buffered cp.async pipeline, every block reading the union of
+// its tokens' key ranges. attention_decode.cu's kernel splits the head dim across warps and sums partial scores
+// through shared memory, which suits a few rows over a long context; here the rows are many. Numerics as that
+// kernel: f32 scores of exact bf16 products times `scale`, bf16 probabilities whose rounded values the running sum
+// adds, f32 accumulation, bf16 out; a row that sees no key is zeros.
+#include <cuda_bf16.h>
+
+#include <atomic>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/attention_common.cuh"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/warp_mma.cuh"
+
+namespace tandem::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * kWarp;
+constexpr int kBM = 16 * kWarps;  // query rows per block
+constexpr int kBN = 32;           // keys per tile
+constexpr int kStages = 2;
+constexpr int kMinTokens = 32;  // fewer tokens (decode, verify) stay on attention_decode.cu's kernel
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Shared memory for head dim HD: Q [kBM][HD] | stages x (K [kBN][HD] | V [kBN][HD]) | token ranges. Rows are
+// 16-byte chunks XOR-swizzled by the row's low three bits, so ldmatrix's eight rows hit distinct banks.
+template <int HD>
+struct Geo {
+  static constexpr int kChunks = HD / 8;
+  static constexpr size_t kQElems = size_t{kBM} * HD;
+  static constexpr size_t kTileElems = size_t{kBN} * HD;
+  static constexpr size_t kKvOffset = kQElems;  // elements
+  static constexpr size_t kRangeOffset = (kQElems + size_t{kStages} * 2 * kTileElems) * sizeof(bf16);
+  static constexpr size_t kSmem = kRangeOffset + 2 * kBM * sizeof(int);
+  static_assert(kChunks >= 8, "the swizzle needs rows of at least 8 chunks");
+  static_assert((kBM * kChunks) % kThreads == 0 && (2 * kBN * kChunks) % kThreads == 0, "whole copies per thread");
+  static_assert(kSmem <= 227 * 1024, "fits in an SM's shared memory");
+};
+
+__device__ __forceinline__ int swz(int row, int chunk) { return (chunk ^ (row & 7)) * 8; }
+// The same for an even chunk c2 known at compile time plus a lane's x = (its odd bit) ^ (row & 7): c2's high bits
+// become an immediate, and four registers serve every c2.
+__device__ __forceinline__ int swz_even(int c2, int x) { return ((c2 & ~7) + ((c2 & 7) ^ x)) * 8; }
+
+struct PrefillParams {
+  bf16* out;  // [n_tok, n_heads, head_dim] (may be q)
+  const bf16* q;
+  const bf16* k;  // [n_kv, capacity, head_dim], strides below (elements)
+  const bf16* v;
+  int64_t k_stride_head, k_stride_slot, v_stride_head, v_stride_slot;
+  const int32_t* q_pos;   // [n_tok]
+  const int32_t* kv_end;  // [1] on the device, or null
+  int64_t begin, end, capacity, window;
+  int n_tok, n_heads, group;
+  bool ring, causal;
+  float scale_log2;  // scale * log2(e): scores in base-2 units for exp2f
+};
+
+// Grid (row chunk, KV head). mma fragments: gq = lane / 4, tq = lane % 4; in S and O a thread holds rows gq and
+// gq + 8 of its warp's 16, columns 2 tq and 2 tq + 1 of each 8-wide n-tile.
+template <int HD>
+__global__ void __launch_bounds__(kThreads, 2) attention_prefill_kernel(PrefillParams p) {
+  pdl_enter();
+  using G = Geo<HD>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* s_q = reinterpret_cast<bf16*>(smem);
+  bf16* s_kv = s_q + G::kKvOffset;
+  int* s_lo = reinterpret_cast<int*>(smem + G::kRangeOffset);  // visible keys of token t0 + i: [lo, hi)
+  int* s_hi = s_lo + kBM;
+
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const int gq = lane / 4, tq = lane % 4;
+  const int kvh = blockIdx.y;
+  const int row0 = blockIdx.x * kBM;
+  const int n_rows = min(kBM, p.n_tok * p.group - row0);
+  if (n_rows <= 0) return;
+  const int t0 = row0 / p.group, n_ct = (row0 + n_rows - 1) / p.group - t0 + 1;
+
+  // Query row r of the block (r < n_rows): element offset of its head_dim values in q and out.
+  auto row_offset = [&](int r) {
+    const int gr = row0 + r;
+    return (static_cast<int64_t>(gr / p.group) * p.n_heads + kvh * p.group + gr % p.group) * HD;
+  };
+
+  // Q -> shared (zero rows past n_rows), in the first cp.async group with the first K/V tile.
+  constexpr int kQCopies = kBM * G::kChunks / kThreads;
+#pragma unroll
+  for (int i = 0; i < kQCopies; ++i) {
+    const int idx = tid + i * kThreads, r = idx / G::kChunks, c = idx % G::kChunks;
+    const bool valid = r < n_rows;
+    cp_async16(s_q + r * HD + swz(r, c), valid ? p.q + row_offset(r) + c * 8 : p.q, valid);
+  }
+
+  // Visible keys per token (ops.h): [begin, end), k <= q_pos (causal), k > q_pos - window.
+  const KvRange range = kv_range(p.kv_end, p.begin, p.end, p.capacity, p.ring);
+  for (int t = tid; t < n_ct; t += kThreads) {
+    const int64_t qp = p.q_pos[t0 + t];
+    int64_t lo = range.begin, hi = range.end;
+    if (p.causal) hi = min(hi, qp + 1);
+    if (p.window > 0) lo = max(lo, qp - p.window + 1);
+    s_lo[t] = static_cast<int>(lo);
+    s_hi[t] = static_cast<int>(max(lo, hi));
+  }
+  __syncthreads();
+  int64_t kb = 0, ke = 0;  // the union of the tokens' ranges
+  bool any = false;
+  for (int t = 0; t < n_ct; ++t) {
+    if (s_lo[t] >= s_hi[t]) continue;
+    kb = any ? min(kb, static_cast<int64_t>(s_lo[t])) : s_lo[t];
+    ke = any ? max(ke, static_cast<int64_t>(s_hi[t])) : s_hi[t];
+    any = true;
+  }
+  const int n_tiles = static_cast<int>((ke - kb + kBN - 1) / kBN);
+
+  // This thread's two rows: their visible ranges (empty past n_rows).
+  const int ra = warp * 16 + gq, rb = ra + 8;
+  const int ta = (row0 + ra) / p.group - t0, tb = (row0 + rb) / p.group - t0;
+  const int lo_a = ra < n_rows ? s_lo[ta] : 0, hi_a = ra < n_rows ? s_hi[ta] : 0;
+  const int lo_b = rb < n_rows ? s_lo[tb] : 0, hi_b = rb < n_rows ? s_hi[tb] : 0;
+
+  // K/V tile `tile` (keys kb + 32 tile ..) -> stage; keys past ke zero-filled (never read from memory).
+  const bf16* kbase = p.k + kvh * p.k_stride_head;
+  const bf16* vbase = p.v + kvh * p.v_stride_head;
+  auto load_tile = [&](int tile, int stage) {
+    const int64_t key0 = kb + static_cast<int64_t>(tile) * kBN;
+    const int64_t slot0 = p.ring ? key0 % p.capacity : key0;
+    bf16* dst0 = s_kv + stage * 2 * G::kTileElems;
+    constexpr int kCopies = 2 * kBN * G::kChunks / kThreads;
+#pragma unroll 1
+    for (int i = 0; i < kCopies; ++i) {
+      const int idx = tid + i * kThreads;
+      const int which = idx / (kBN * G::kChunks);  // 0: K, 1: V
+      const int kk = idx / G::kChunks % kBN, c = idx % G::kChunks;
+      const bool valid = key0 + kk < ke;
+      int64_t slot = slot0 + kk;  // a tile spans at most kBN <= capacity positions: one wrap at most
+      if (p.ring && slot >= p.capacity) slot -= p.capacity;
+      const bf16* base = which ? vbase : kbase;
+      const int64_t stride = which ? p.v_stride_slot : p.k_stride_slot;
+      cp_async16(dst0 + which * G::kTileElems + kk * HD + swz(kk, c), valid ? base + slot * stride + c * 8 : base,
+                 valid);
+    }
+  };
+
+  constexpr int kDn = HD / 8;  // n-tiles of O
+  float o[kDn][4];
+#pragma unroll
+  for (int d = 0; d < kDn; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
+
+  if (n_tiles > 0) load_tile(0, 0);
+  cp_async_commit();
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    if (tile + 1 < n_tiles) load_tile(tile + 1, (tile + 1) % kStages);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();  // this tile (and Q) are in shared memory for every thread
+    const bf16* sk = s_kv + (tile % kStages) * 2 * G::kTileElems;
+    const bf16* sv = sk + G::kTileElems;
+
+    // S = Q K^T: 16 rows x 32 keys (four n-tiles).
+    float s[4][4] = {};
+    const int qr = warp * 16 + lane % 16, xq = (lane / 16) ^ (qr & 7);
+    const int kr = (lane / 16) * 8 + lane % 8, xk = ((lane / 8) % 2) ^ (lane % 8);  // key rows kr, kr + 16
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(a, s_q + qr * HD + swz_even(2 * kk, xq));
+#pragma unroll
+      for (int pj = 0; pj < 2; ++pj) {
+        uint32_t b[4];
+        ldmatrix_x4(b, sk + (kr + 16 * pj) * HD + swz_even(2 * kk, xk));
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        mma_bf16(s[2 * pj], a, b0);
+        mma_bf16(s[2 * pj + 1], a, b1);
+      }
+    }
+
+    // Mask, online softmax in base 2, P rounded to bf16 (packed as the A fragments of P V).
+    const int64_t key0 = kb + static_cast<int64_t>(tile) * kBN;
+    float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t key = key0 + 8 * j + 2 * tq + (e & 1);
+        const bool row_b = e >= 2;
+        const bool vis = row_b ? key >= lo_b && key < hi_b : key >= lo_a && key < hi_a;
+        s[j][e] = vis ? s[j][e] * p.scale_log2 : -INFINITY;
+        if (row_b) {
+          mx_b = fmaxf(mx_b, s[j][e]);
+        } else {
+          mx_a = fmaxf(mx_a, s[j][e]);
+        }
+      }
+#pragma unroll
+    for (int off = 1; off <= 2; off *= 2) {
+      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
+      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
+    }
+    const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+    const float c_a = mn_a == -INFINITY ? 1.f : exp2f(m_a - mn_a);  // m = -inf: o and l are still 0
+    const float c_b = mn_b == -INFINITY ? 1.f : exp2f(m_b - mn_b);
+    m_a = mn_a;
+    m_b = mn_b;
+    uint32_t pa[4][2];  // n-tile j: [0] row gq, [1] row gq + 8
+    float sum_a = 0.f, sum_b = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float p0 = s[j][0] == -INFINITY ? 0.f : exp2f(s[j][0] - mn_a);
+      const float p1 = s[j][1] == -INFINITY ? 0.f : exp2f(s[j][1] - mn_a);
+      const float p2 = s[j][2] == -INFINITY ? 0.f : exp2f(s[j][2] - mn_b);
+      const float p3 = s[j][3] == -INFINITY ? 0.f : exp2f(s[j][3] - mn_b);
+      const __nv_bfloat162 h01 = __floats2bfloat162_rn(p0, p1), h23 = __floats2bfloat162_rn(p2, p3);
+      sum_a += __low2float(h01) + __high2float(h01);
+      sum_b += __low2float(h23) + __high2float(h23);
+      pa[j][0] = bf162_bits(h01);
+      pa[j][1] = bf162_bits(h23);
+    }
+#pragma unroll
+    for (int off = 1; off <= 2; off *= 2) {
+      sum_a += __shfl_xor_sync(0xffffffffu, sum_a, off);
+      sum_b += __shfl_xor_sync(0xffffffffu, sum_b, off);
+    }
+    l_a = l_a * c_a + sum_a;
+    l_b = l_b * c_b + sum_b;
+#pragma unroll
+    for (int d = 0; d < kDn; ++d) {
+      o[d][0] *= c_a;
+      o[d][1] *= c_a;
+      o[d][2] *= c_b;
+      o[d][3] *= c_b;
+    }
+
+    // O += P V: two k-steps of 16 keys; V^T fragments by transposed ldmatrix, two dim n-tiles per load.
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      const uint32_t a[4] = {pa[2 * ks][0], pa[2 * ks][1], pa[2 * ks + 1][0], pa[2 * ks + 1][1]};
+      const int key = 16 * ks + ((lane / 8) % 2) * 8 + lane % 8, xv = (lane / 16) ^ (lane % 8);
+#pragma unroll
+      for (int dq = 0; dq < kDn / 2; ++dq) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, sv + key * HD + swz_even(2 * dq, xv));
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        mma_bf16(o[2 * dq], a, b0);
+        mma_bf16(o[2 * dq + 1], a, b1);
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before the next iteration's load overwrites it
+  }
+  cp_async_wait<0>();  // Q's copies when there was no tile (the block then writes zeros)
+
+  // O / l as bf16 (a row that saw no key: zeros, never 0/0); out may alias q, whose rows this block alone read.
+  const float inv_a = l_a > 0.f ? 1.f / l_a : 0.f, inv_b = l_b > 0.f ? 1.f / l_b : 0.f;
+  bf16* out_a = ra < n_rows ? p.out + row_offset(ra) : nullptr;
+  bf16* out_b = rb < n_rows ? p.out + row_offset(rb) : nullptr;
+#pragma unroll
+  for (int d = 0; d < kDn; ++d) {
+    const int col = 8 * d + 2 * tq;
+    if (out_a != nullptr)
+      *reinterpret_cast<__nv_bfloat162*>(out_a + col) = __floats2bfloat162_rn(o[d][0] * inv_a, o[d][1] * inv_a);
+    if (out_b != nullptr)
+      *reinterpret_cast<__nv_bfloat162*>(out_b + col) = __floats2bfloat162_rn(o[d][2] * inv_b, o[d][3] * inv_b);
+  }
+}
+
+// Opts the kernel in to its shared memory (over the 48 KB default) once per device.
+template <int HD>
+Status prepare_kernel() {
+  static std::atomic<uint64_t> prepared{0};  // bit d: device d done
+  int dev = 0;
+  TANDEM_CUDA_TRY(cudaGetDevice(&dev));
+  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit != 0 && (prepared.load(std::memory_order_acquire) & bit) != 0) return ok_status();
+  TANDEM_CUDA_TRY(cudaFuncSetAttribute(attention_prefill_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(Geo<HD>::kSmem)));
+  prepared.fetch_or(bit, std::memory_order_release);
+  return ok_status();
+}
+
+template <int HD>
+Status launch_hd(const PrefillParams& p, int64_t n_kv, cudaStream_t stream) {
+  TANDEM_TRY(prepare_kernel<HD>());
+  const int64_t rows = static_cast<int64_t>(p.n_tok) * p.group;
+  const dim3 grid(static_cast<unsigned>((rows + kBM - 1) / kBM), static_cast<unsigned>(n_kv));
+  launch_kernel(attention_prefill_kernel<HD>, grid, kThreads, Geo<HD>::kSmem, stream, p);
+  TANDEM_CUDA_TRY_LAUNCH();
+  return ok_status();
+}
+
+std::atomic<int>& mode_flag() {
+  static std::atomic<int> mode{[] {
+    const char* e = std::getenv("TANDEM_ATTN_PREFILL");
+    if (e == nullptr) return static_cast<int>(PrefillAttention::kOff);
+    if (std::strcmp(e, "auto") == 0 || std::strcmp(e, "1") == 0) return static_cast<int>(PrefillAttention::kAuto);
+    if (std::strcmp(e, "always") == 0) return static_cast<int>(PrefillAttention::kAlways);
+    return static_cast<int>(PrefillAttention::kOff);
+  }()};
+  return mode;
+}
+
+}  // namespace
+
+void set_prefill_attention(PrefillAttention m) { mode_flag().store(static_cast<int>(m), std::memory_order_relaxed); }
+PrefillAttention prefill_attention() {
+  return static_cast<PrefillAttention>(mode_flag().load(std::memory_order_relaxed));
+}
+
+bool attention_prefill_applies(const AttentionArgs& a, int sm_count) {
+  const PrefillAttention mode = prefill_attention();
+  if (mode == PrefillAttention::kOff) return false;
+  const KvView& kv = a.kv;
+  if (a.q.dtype != DType::kBF16 || a.out.dtype != DType::kBF16 || kv.k.dtype != DType::kBF16 ||
+      kv.v.dtype != DType::kBF16 || a.q.ndim != 3 || kv.k.ndim != 3)
+    return false;
+  const int64_t n_tok = a.q.shape[0], n_heads = a.q.shape[1], head_dim = a.q.shape[2], n_kv = kv.k.shape[0];
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256) return false;
+  if (n_tok < kMinTokens || n_kv < 1 || n_heads % n_kv != 0 || n_tok * n_heads > INT_MAX) return false;
+  if (kv.capacity() > INT_MAX || kv.end > INT_MAX || a.window > INT_MAX) return false;
+  // kAuto: only launches of at least one block per SM (fewer, the decode kernel's split of the keys fills the GPU).
+  const int64_t blocks = (n_tok * (n_heads / n_kv) + kBM - 1) / kBM * n_kv;
+  if (mode == PrefillAttention::kAuto && blocks < sm_count) return false;
+  return aligned16(a.q.data) && aligned16(a.out.data) && aligned16(kv.k.data) && aligned16(kv.v.data) &&
+         kv.k.stride[0] % 8 == 0 && kv.k.stride[1] % 8 == 0 && kv.v.stride[0] % 8 == 0 && kv.v.stride[1] % 8 == 0;
+}
+
+Status launch_attention_prefill(const AttentionArgs& a, cudaStream_t stream) {
+  const int64_t n_tok = a.q.shape[0], n_heads = a.q.shape[1], head_dim = a.q.shape[2];
+  const int64_t n_kv = a.kv.k.shape[0];
+  PrefillParams p{};
+  p.out = static_cast<bf16*>(a.out.data);
+  p.q = static_cast<const bf16*>(a.q.data);
+  p.k = static_cast<const bf16*>(a.kv.k.data);
+  p.v = static_cast<const bf16*>(a.kv.v.data);
+  p.k_stride_head = a.kv.k.stride[0];
+  p.k_stride_slot = a.kv.k.stride[1];
+  p.v_stride_head = a.kv.v.stride[0];
+  p.v_stride_slot = a.kv.v.stride[1];
+  p.q_pos = static_cast<const int32_t*>(a.q_pos.data);
+  p.kv_end = a.kv_end.empty() ? nullptr : static_cast<const int32_t*>(a.kv_end.data);
+  p.begin = a.kv.begin;
+  p.end = a.kv.end;
+  p.capacity = a.kv.capacity();
+  p.window = a.window;
+  p.n_tok = static_cast<int>(n_tok);
+  p.n_heads = static_cast<int>(n_heads);
+  p.group = static_cast<int>(n_heads / n_kv);
+  p.ring = a.kv.ring;
+  p.causal = a.causal;
+  p.scale_log2 = a.scale * kLog2e;
+  switch (head_dim) {
+    case 64: return launch_hd<64>(p, n_kv, stream);
+    case 128: return launch_hd<128>(p, n_kv, stream);
+    default: return launch_hd<256>(p, n_kv, stream);
+  }
+}
+
+}  // namespace tandem::cuda
