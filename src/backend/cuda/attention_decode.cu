@@ -63,22 +63,11 @@ struct Geo {
   static_assert(kSmem <= 227 * 1024, "fits in an SM's shared memory");
 };
 
-struct DecodeParams {
-  bf16* out;                    // [n_tok, n_heads, head_dim] (may be q)
-  const bf16* q;                // [n_tok, n_heads, head_dim]
-  const bf16* k;                // [n_kv, capacity, head_dim], strides below (elements)
-  const bf16* v;
-  int64_t k_stride_head, k_stride_slot, v_stride_head, v_stride_slot;
-  const int32_t* q_pos;         // [n_tok]
-  const int32_t* kv_end;        // [1] on the device, or null
-  int64_t begin, end, capacity, window;
-  int n_tok, n_heads, group, head_dim;
+struct DecodeParams : TcAttnInputs {
   int chunk_rows;               // query rows per block (the last chunk may have fewer)
   int n_splits;                 // splits launched (>= those the range needs: the trailing ones may be empty)
   int split_target;             // the range is cut into this many splits of at least min_split_keys keys
   int min_split_keys;
-  bool ring, causal;
-  float scale_log2;             // scale * log2(e): scores are kept in base-2 units for exp2f
   float* partial;               // split-K partial states (attention_common.cuh layout) when n_splits > 1
 };
 
@@ -108,16 +97,7 @@ __global__ void __launch_bounds__(32 * NW, 1) attention_decode_kernel(DecodePara
   // The chunk's tokens: t0 .. t0 + n_ct - 1 (n_ct <= n_rows <= kMaxChunkRows).
   const int t0 = row0 / p.group, n_ct = (row0 + n_rows - 1) / p.group - t0 + 1;
 
-  // Visible keys per token (ops.h): [begin, end), k <= q_pos (causal), k > q_pos - window.
-  const KvRange range = kv_range(p.kv_end, p.begin, p.end, p.capacity, p.ring);
-  for (int t = tid; t < n_ct; t += G::kThreads) {
-    const int64_t qp = p.q_pos[t0 + t];
-    int64_t lo = range.begin, hi = range.end;
-    if (p.causal) hi = min(hi, qp + 1);
-    if (p.window > 0) lo = max(lo, qp - p.window + 1);
-    s_lo[t] = static_cast<int>(lo);
-    s_hi[t] = static_cast<int>(max(lo, hi));
-  }
+  token_ranges(p, t0, n_ct, s_lo, s_hi);
   for (int r = tid; r < G::kRows; r += G::kThreads) {
     s_m[r] = -INFINITY;
     s_l[r] = 0.f;
@@ -146,14 +126,8 @@ __global__ void __launch_bounds__(32 * NW, 1) attention_decode_kernel(DecodePara
   // The union of the chunk's tokens' ranges, and this split's share of it: split_target splits of at least min_split_keys
   // keys in whole tiles. The cut depends only on the range, not on how many splits were launched, so a launch sized
   // for a long context (a graph) leaves the trailing splits empty at a short one and gives the eager launch's bits.
-  int64_t lo_all = 0, hi_all = 0;
-  bool any = false;
-  for (int t = 0; t < n_ct; ++t) {
-    if (s_lo[t] >= s_hi[t]) continue;
-    lo_all = any ? min(lo_all, static_cast<int64_t>(s_lo[t])) : s_lo[t];
-    hi_all = any ? max(hi_all, static_cast<int64_t>(s_hi[t])) : s_hi[t];
-    any = true;
-  }
+  const KvRange all = ranges_union(s_lo, s_hi, n_ct);
+  const int64_t lo_all = all.begin, hi_all = all.end;
   // The third term only acts when the range outgrew the launch's sizing (queries far apart under a window, or a
   // device end past the host's): the launched splits then still cover every key.
   const int64_t span = hi_all - lo_all;
@@ -457,25 +431,21 @@ int64_t max_tc_tokens() {
 
 }  // namespace
 
-bool attention_decode_applies(const AttentionArgs& a) {
+bool tc_attention_operands_ok(const AttentionArgs& a) {
   const KvView& kv = a.kv;
   if (a.q.dtype != DType::kBF16 || a.out.dtype != DType::kBF16 || kv.k.dtype != DType::kBF16 ||
-      kv.v.dtype != DType::kBF16)
+      kv.v.dtype != DType::kBF16 || a.q.ndim != 3 || kv.k.ndim != 3 || kv.v.ndim != 3)
     return false;
-  const int64_t n_tok = a.q.shape[0], n_heads = a.q.shape[1], head_dim = a.q.shape[2];
-  if (n_tok < 1 || n_tok > max_tc_tokens() || head_dim < 8 || head_dim > kMaxHeadDim || head_dim % 8 != 0) return false;
-  // Query rows, positions and slots are int in the kernel (q_pos, kv_end are i32); 16-byte rows for cp.async
-  // (strides in elements).
-  if (n_tok * n_heads > INT_MAX || kv.capacity() > INT_MAX || kv.end > INT_MAX || a.window > INT_MAX) return false;
+  const int64_t n_tok = a.q.shape[0], n_heads = a.q.shape[1], n_kv = kv.k.shape[0];
+  if (n_kv < 1 || n_heads % n_kv != 0 || n_tok * n_heads > INT_MAX || kv.capacity() > INT_MAX || kv.end > INT_MAX ||
+      a.window > INT_MAX)
+    return false;
   return aligned16(a.q.data) && aligned16(a.out.data) && aligned16(kv.k.data) && aligned16(kv.v.data) &&
          kv.k.stride[0] % 8 == 0 && kv.k.stride[1] % 8 == 0 && kv.v.stride[0] % 8 == 0 && kv.v.stride[1] % 8 == 0;
 }
 
-Status launch_attention_decode(const AttentionArgs& a, int64_t max_keys, const Scratch& scratch,
-                               cudaStream_t stream) {
-  const int64_t n_tok = a.q.shape[0], n_heads = a.q.shape[1], head_dim = a.q.shape[2];
-  const int64_t n_kv = a.kv.k.shape[0], group = n_heads / n_kv;
-  DecodeParams p{};
+TcAttnInputs tc_attention_inputs(const AttentionArgs& a) {
+  TcAttnInputs p{};
   p.out = static_cast<bf16*>(a.out.data);
   p.q = static_cast<const bf16*>(a.q.data);
   p.k = static_cast<const bf16*>(a.kv.k.data);
@@ -490,13 +460,28 @@ Status launch_attention_decode(const AttentionArgs& a, int64_t max_keys, const S
   p.end = a.kv.end;
   p.capacity = a.kv.capacity();
   p.window = a.window;
-  p.n_tok = static_cast<int>(n_tok);
-  p.n_heads = static_cast<int>(n_heads);
-  p.group = static_cast<int>(group);
-  p.head_dim = static_cast<int>(head_dim);
+  p.n_tok = static_cast<int>(a.q.shape[0]);
+  p.n_heads = static_cast<int>(a.q.shape[1]);
+  p.group = static_cast<int>(a.q.shape[1] / a.kv.k.shape[0]);
+  p.head_dim = static_cast<int>(a.q.shape[2]);
   p.ring = a.kv.ring;
   p.causal = a.causal;
   p.scale_log2 = a.scale * kLog2e;
+  return p;
+}
+
+bool attention_decode_applies(const AttentionArgs& a) {
+  if (!tc_attention_operands_ok(a)) return false;
+  const int64_t n_tok = a.q.shape[0], head_dim = a.q.shape[2];
+  return n_tok >= 1 && n_tok <= max_tc_tokens() && head_dim >= 8 && head_dim <= kMaxHeadDim && head_dim % 8 == 0;
+}
+
+Status launch_attention_decode(const AttentionArgs& a, int64_t max_keys, const Scratch& scratch,
+                               cudaStream_t stream) {
+  const int64_t n_tok = a.q.shape[0], n_heads = a.q.shape[1], head_dim = a.q.shape[2];
+  const int64_t n_kv = a.kv.k.shape[0], group = n_heads / n_kv;
+  DecodeParams p{};
+  static_cast<TcAttnInputs&>(p) = tc_attention_inputs(a);
   p.partial = static_cast<float*>(scratch.data);
 
   // Query rows (n_tok x group) in chunks of at most kMaxChunkRows, as even as possible.

@@ -11,7 +11,6 @@
 #include <cuda_bf16.h>
 
 #include <atomic>
-#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -34,7 +33,6 @@ constexpr int kBM = 16 * kWarps;  // query rows per block
 constexpr int kBN = 32;           // keys per tile
 constexpr int kStages = 2;
 constexpr int kMinTokens = 32;  // fewer tokens (decode, verify) stay on attention_decode.cu's kernel
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Shared memory for head dim HD: Q [kBM][HD] | stages x (K [kBN][HD] | V [kBN][HD]) | token ranges. Rows are
 // 16-byte chunks XOR-swizzled by the row's low three bits, so ldmatrix's eight rows hit distinct banks.
@@ -56,19 +54,7 @@ __device__ __forceinline__ int swz(int row, int chunk) { return (chunk ^ (row & 
 // become an immediate, and four registers serve every c2.
 __device__ __forceinline__ int swz_even(int c2, int x) { return ((c2 & ~7) + ((c2 & 7) ^ x)) * 8; }
 
-struct PrefillParams {
-  bf16* out;  // [n_tok, n_heads, head_dim] (may be q)
-  const bf16* q;
-  const bf16* k;  // [n_kv, capacity, head_dim], strides below (elements)
-  const bf16* v;
-  int64_t k_stride_head, k_stride_slot, v_stride_head, v_stride_slot;
-  const int32_t* q_pos;   // [n_tok]
-  const int32_t* kv_end;  // [1] on the device, or null
-  int64_t begin, end, capacity, window;
-  int n_tok, n_heads, group;
-  bool ring, causal;
-  float scale_log2;  // scale * log2(e): scores in base-2 units for exp2f
-};
+using PrefillParams = TcAttnInputs;
 
 // Grid (row chunk, KV head). mma fragments: gq = lane / 4, tq = lane % 4; in S and O a thread holds rows gq and
 // gq + 8 of its warp's 16, columns 2 tq and 2 tq + 1 of each 8-wide n-tile.
@@ -105,25 +91,10 @@ __global__ void __launch_bounds__(kThreads, 2) attention_prefill_kernel(PrefillP
     cp_async16(s_q + r * HD + swz(r, c), valid ? p.q + row_offset(r) + c * 8 : p.q, valid);
   }
 
-  // Visible keys per token (ops.h): [begin, end), k <= q_pos (causal), k > q_pos - window.
-  const KvRange range = kv_range(p.kv_end, p.begin, p.end, p.capacity, p.ring);
-  for (int t = tid; t < n_ct; t += kThreads) {
-    const int64_t qp = p.q_pos[t0 + t];
-    int64_t lo = range.begin, hi = range.end;
-    if (p.causal) hi = min(hi, qp + 1);
-    if (p.window > 0) lo = max(lo, qp - p.window + 1);
-    s_lo[t] = static_cast<int>(lo);
-    s_hi[t] = static_cast<int>(max(lo, hi));
-  }
+  token_ranges(p, t0, n_ct, s_lo, s_hi);
   __syncthreads();
-  int64_t kb = 0, ke = 0;  // the union of the tokens' ranges
-  bool any = false;
-  for (int t = 0; t < n_ct; ++t) {
-    if (s_lo[t] >= s_hi[t]) continue;
-    kb = any ? min(kb, static_cast<int64_t>(s_lo[t])) : s_lo[t];
-    ke = any ? max(ke, static_cast<int64_t>(s_hi[t])) : s_hi[t];
-    any = true;
-  }
+  const KvRange all = ranges_union(s_lo, s_hi, n_ct);  // the keys the block reads
+  const int64_t kb = all.begin, ke = all.end;
   const int n_tiles = static_cast<int>((ke - kb + kBN - 1) / kBN);
 
   // This thread's two rows: their visible ranges (empty past n_rows).
@@ -321,47 +292,18 @@ PrefillAttention prefill_attention() {
 
 bool attention_prefill_applies(const AttentionArgs& a, int sm_count) {
   const PrefillAttention mode = prefill_attention();
-  if (mode == PrefillAttention::kOff) return false;
-  const KvView& kv = a.kv;
-  if (a.q.dtype != DType::kBF16 || a.out.dtype != DType::kBF16 || kv.k.dtype != DType::kBF16 ||
-      kv.v.dtype != DType::kBF16 || a.q.ndim != 3 || kv.k.ndim != 3)
-    return false;
-  const int64_t n_tok = a.q.shape[0], n_heads = a.q.shape[1], head_dim = a.q.shape[2], n_kv = kv.k.shape[0];
-  if (head_dim != 64 && head_dim != 128 && head_dim != 256) return false;
-  if (n_tok < kMinTokens || n_kv < 1 || n_heads % n_kv != 0 || n_tok * n_heads > INT_MAX) return false;
-  if (kv.capacity() > INT_MAX || kv.end > INT_MAX || a.window > INT_MAX) return false;
+  if (mode == PrefillAttention::kOff || !tc_attention_operands_ok(a)) return false;
+  const int64_t n_tok = a.q.shape[0], n_heads = a.q.shape[1], head_dim = a.q.shape[2], n_kv = a.kv.k.shape[0];
+  if ((head_dim != 64 && head_dim != 128 && head_dim != 256) || n_tok < kMinTokens) return false;
   // kAuto: only launches of at least one block per SM (fewer, the decode kernel's split of the keys fills the GPU).
   const int64_t blocks = (n_tok * (n_heads / n_kv) + kBM - 1) / kBM * n_kv;
-  if (mode == PrefillAttention::kAuto && blocks < sm_count) return false;
-  return aligned16(a.q.data) && aligned16(a.out.data) && aligned16(kv.k.data) && aligned16(kv.v.data) &&
-         kv.k.stride[0] % 8 == 0 && kv.k.stride[1] % 8 == 0 && kv.v.stride[0] % 8 == 0 && kv.v.stride[1] % 8 == 0;
+  return mode == PrefillAttention::kAlways || blocks >= sm_count;
 }
 
 Status launch_attention_prefill(const AttentionArgs& a, cudaStream_t stream) {
-  const int64_t n_tok = a.q.shape[0], n_heads = a.q.shape[1], head_dim = a.q.shape[2];
+  const PrefillParams p = tc_attention_inputs(a);
   const int64_t n_kv = a.kv.k.shape[0];
-  PrefillParams p{};
-  p.out = static_cast<bf16*>(a.out.data);
-  p.q = static_cast<const bf16*>(a.q.data);
-  p.k = static_cast<const bf16*>(a.kv.k.data);
-  p.v = static_cast<const bf16*>(a.kv.v.data);
-  p.k_stride_head = a.kv.k.stride[0];
-  p.k_stride_slot = a.kv.k.stride[1];
-  p.v_stride_head = a.kv.v.stride[0];
-  p.v_stride_slot = a.kv.v.stride[1];
-  p.q_pos = static_cast<const int32_t*>(a.q_pos.data);
-  p.kv_end = a.kv_end.empty() ? nullptr : static_cast<const int32_t*>(a.kv_end.data);
-  p.begin = a.kv.begin;
-  p.end = a.kv.end;
-  p.capacity = a.kv.capacity();
-  p.window = a.window;
-  p.n_tok = static_cast<int>(n_tok);
-  p.n_heads = static_cast<int>(n_heads);
-  p.group = static_cast<int>(n_heads / n_kv);
-  p.ring = a.kv.ring;
-  p.causal = a.causal;
-  p.scale_log2 = a.scale * kLog2e;
-  switch (head_dim) {
+  switch (p.head_dim) {
     case 64: return launch_hd<64>(p, n_kv, stream);
     case 128: return launch_hd<128>(p, n_kv, stream);
     default: return launch_hd<256>(p, n_kv, stream);
