@@ -673,9 +673,12 @@ Scratch CudaBackend::moe_scratch(size_t wanted) {
   const Scratch ws = scratch();
   if (wanted <= ws.bytes) return ws;
   StreamState& s = streams_[static_cast<size_t>(current_)];
-  if (wanted <= s.moe_bytes) return {s.moe_scratch, s.moe_bytes, ws.sm_count};
+  // A graph keeps only the workspace's address: the MoE scratch may be regrown (freed) later.
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (capturing_ || cudaStreamIsCapturing(s.stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone)
+    return ws;
+  if (wanted <= s.moe_bytes) return {s.moe_scratch, s.moe_bytes, ws.sm_count};
+  if (s.moe_refused != 0 && wanted >= s.moe_refused)
     return s.moe_bytes > ws.bytes ? Scratch{s.moe_scratch, s.moe_bytes, ws.sm_count} : ws;
   // The old buffer may still be read by this stream's queued kernels.
   if (s.moe_scratch != nullptr) {
@@ -687,6 +690,7 @@ Scratch CudaBackend::moe_scratch(size_t wanted) {
   if (cudaMalloc(&s.moe_scratch, wanted) != cudaSuccess) {
     (void)cudaGetLastError();  // out of memory: chunk the tokens in the workspace instead
     s.moe_scratch = nullptr;
+    s.moe_refused = wanted;
     TANDEM_LOG_DEBUG("cuda moe_experts: no room for a %zu-byte scratch; prompt chunks' experts run in smaller chunks",
                      wanted);
     return ws;

@@ -122,8 +122,9 @@ class CudaBackend final : public Backend {
   void expect_rms_norm(const RmsNormArgs& a) const;
   // The current stream's workspace and the SM count, for attention's split-K and the MoE intermediates.
   [[nodiscard]] Scratch scratch() const;
-  // moe_experts' scratch for `wanted` bytes: the workspace when it holds them, else the stream's MoE scratch, grown
-  // now if it is smaller (outside captures; when the allocation fails, the workspace, which chunks the tokens).
+  // moe_experts' scratch for `wanted` bytes: the workspace when it holds them or a graph capture is on (moe_experts
+  // then runs the tokens in chunks that fit), else the stream's MoE scratch, grown now if it is smaller (when the
+  // allocation fails: the largest scratch there is, and that size is not asked for again).
   Scratch moe_scratch(size_t wanted);
   [[nodiscard]] bool valid_stream(StreamId id) const { return id >= 0 && id < static_cast<StreamId>(streams_.size()); }
   // Whether an op of `key`'s shape runs as its fused launch: always up to fused_gemv_rows() rows; above that, the
@@ -138,6 +139,7 @@ class CudaBackend final : public Backend {
     // graph captures; moe_bytes = 0 when none.
     void* moe_scratch = nullptr;
     size_t moe_bytes = 0;
+    size_t moe_refused = 0;  // the smallest size cudaMalloc refused (not asked for again); 0 when none
     cudaEvent_t done = nullptr;  // wait_stream(x, this stream) records it here
   };
   int index_;
