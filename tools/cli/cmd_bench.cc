@@ -392,7 +392,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
-  cmd->add_flag("--profile", o->profile, "Also print per-op device times of the prefill and of eager decode and verify forwards (CUDA)");
+  cmd->add_flag("--profile", o->profile,
+                "Also print per-op device times of the prefill and of eager decode and verify forwards (CUDA)");
   cmd->add_flag("--trace", o->trace,
                 "Also print kernel timelines of decode and verify graph replays: idle time between kernels, overlap, "
                 "per-kernel times (CUDA with CUPTI)");

@@ -2,10 +2,11 @@
 // style: decode, speculative verify and the drafter (a few query tokens over a long context) and prompt chunks (any
 // number of tokens). One block per (KV head, split of the keys, chunk of at most 40 query rows), the rows being every
 // query head of the KV head's GQA group for each of the chunk's tokens, so each K/V row is read from memory once per
-// split and chunk; a block reads the union of its own tokens' key ranges (a causal chunk stops at its last token). K/V tiles stream through a cp.async pipeline
-// into shared memory; S^T = K Q^T and O^T += V^T P^T run as bf16 mma.sync with f32 accumulation, warp w owning head
-// dims [64w, 64w + 64) of both (its partial scores are summed across warps), and the online softmax runs in f32 in
-// between. Split-K partial states go to the stream's workspace and attention.cu's combine kernel merges them.
+// split and chunk; a block reads the union of its own tokens' key ranges (a causal chunk stops at its last token).
+// K/V tiles stream through a cp.async pipeline into shared memory; S^T = K Q^T and O^T += V^T P^T run as bf16
+// mma.sync with f32 accumulation, warp w owning head dims [64w, 64w + 64) of both (its partial scores are summed
+// across warps), and the online softmax runs in f32 in between. Split-K partial states go to the stream's workspace
+// and attention.cu's combine kernel merges them.
 // Numerics: scores are f32 sums of exact bf16 products, times `scale` (as the reference); the probabilities are
 // rounded to bf16 for the P V product (<= 2^-9 relative per weight, and the running sum adds the rounded values, so
 // the weights stay normalised), well inside the bf16 output's own rounding.
@@ -123,9 +124,10 @@ __global__ void __launch_bounds__(32 * NW, 1) attention_decode_kernel(DecodePara
   }
   __syncthreads();
 
-  // The union of the chunk's tokens' ranges, and this split's share of it: split_target splits of at least min_split_keys
-  // keys in whole tiles. The cut depends only on the range, not on how many splits were launched, so a launch sized
-  // for a long context (a graph) leaves the trailing splits empty at a short one and gives the eager launch's bits.
+  // The union of the chunk's tokens' ranges, and this split's share of it: split_target splits of at least
+  // min_split_keys keys in whole tiles. The cut depends only on the range, not on how many splits were launched, so a
+  // launch sized for a long context (a graph) leaves the trailing splits empty at a short one and gives the eager
+  // launch's bits.
   const KvRange all = ranges_union(s_lo, s_hi, n_ct);
   const int64_t lo_all = all.begin, hi_all = all.end;
   // The third term only acts when the range outgrew the launch's sizing (queries far apart under a window, or a

@@ -131,6 +131,10 @@ __global__ void __launch_bounds__(kThreads, 2) attention_prefill_kernel(PrefillP
 #pragma unroll
   for (int d = 0; d < kDn; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
+  // ldmatrix rows and swizzle keys of this lane: Q row qr; K rows kr, kr + 16 of a tile; V rows vr, vr + 16.
+  const int qr = warp * 16 + lane % 16, xq = (lane / 16) ^ (qr & 7);
+  const int kr = (lane / 16) * 8 + lane % 8, xk = ((lane / 8) % 2) ^ (lane % 8);
+  const int vr = ((lane / 8) % 2) * 8 + lane % 8, xv = (lane / 16) ^ (lane % 8);
 
   if (n_tiles > 0) load_tile(0, 0);
   cp_async_commit();
@@ -144,8 +148,6 @@ __global__ void __launch_bounds__(kThreads, 2) attention_prefill_kernel(PrefillP
 
     // S = Q K^T: 16 rows x 32 keys (four n-tiles).
     float s[4][4] = {};
-    const int qr = warp * 16 + lane % 16, xq = (lane / 16) ^ (qr & 7);
-    const int kr = (lane / 16) * 8 + lane % 8, xk = ((lane / 8) % 2) ^ (lane % 8);  // key rows kr, kr + 16
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
       uint32_t a[4];
@@ -220,11 +222,10 @@ __global__ void __launch_bounds__(kThreads, 2) attention_prefill_kernel(PrefillP
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
       const uint32_t a[4] = {pa[2 * ks][0], pa[2 * ks][1], pa[2 * ks + 1][0], pa[2 * ks + 1][1]};
-      const int key = 16 * ks + ((lane / 8) % 2) * 8 + lane % 8, xv = (lane / 16) ^ (lane % 8);
 #pragma unroll
       for (int dq = 0; dq < kDn / 2; ++dq) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, sv + key * HD + swz_even(2 * dq, xv));
+        ldmatrix_x4_trans(b, sv + (vr + 16 * ks) * HD + swz_even(2 * dq, xv));
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
         mma_bf16(o[2 * dq], a, b0);
         mma_bf16(o[2 * dq + 1], a, b1);
@@ -248,23 +249,12 @@ __global__ void __launch_bounds__(kThreads, 2) attention_prefill_kernel(PrefillP
   }
 }
 
-// Opts the kernel in to its shared memory (over the 48 KB default) once per device.
-template <int HD>
-Status prepare_kernel() {
-  static std::atomic<uint64_t> prepared{0};  // bit d: device d done
-  int dev = 0;
-  TANDEM_CUDA_TRY(cudaGetDevice(&dev));
-  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t{1} << dev : 0;
-  if (bit != 0 && (prepared.load(std::memory_order_acquire) & bit) != 0) return ok_status();
-  TANDEM_CUDA_TRY(cudaFuncSetAttribute(attention_prefill_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(Geo<HD>::kSmem)));
-  prepared.fetch_or(bit, std::memory_order_release);
-  return ok_status();
-}
-
 template <int HD>
 Status launch_hd(const PrefillParams& p, int64_t n_kv, cudaStream_t stream) {
-  TANDEM_TRY(prepare_kernel<HD>());
+  // The kernel's shared memory is over the 48 KB default. Set at every launch (a host call of a microsecond against
+  // a prompt chunk's attention), so every device has it without per-device state.
+  TANDEM_CUDA_TRY(cudaFuncSetAttribute(attention_prefill_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(Geo<HD>::kSmem)));
   const int64_t rows = static_cast<int64_t>(p.n_tok) * p.group;
   const dim3 grid(static_cast<unsigned>((rows + kBM - 1) / kBM), static_cast<unsigned>(n_kv));
   launch_kernel(attention_prefill_kernel<HD>, grid, kThreads, Geo<HD>::kSmem, stream, p);
