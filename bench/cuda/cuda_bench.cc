@@ -3,9 +3,9 @@
 // rms_norm, its fused epilogues at decode size, then attention (31B and E2B full/sliding decode and verify, long and
 // short contexts), MoE (26B-A4B routing + experts) and sampling (argmax, sample, reject_drafts), printing achieved
 // GB/s (TFLOP/s for the large GEMM) and the ratio to the floor measured in this run.
-// Usage: cuda_bench [--quick | --attention | --moe] (--attention / --moe: the copy floor and that section's shapes
-// only). Exits 0
-// with a message when there is no GPU, 1 on any device error.
+// Usage: cuda_bench [--quick | --attention | --moe | --prefill-attention] (a section: the copy floor and that
+// section's shapes only; --prefill-attention: prompt chunks on the two tensor-core attention kernels). Exits 0 with a
+// message when there is no GPU, 1 on any device error.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels.h"
 
 namespace tandem {
 namespace {
@@ -126,6 +127,67 @@ bool bench_attention(CudaBackend& be, int iters, double copy_gbs) {
     const int64_t keys = sh.window > 0 ? std::min(sh.window + sh.n_tok - 1, sh.context) : sh.context;
     report(sh.label, ms, 2.0 * 2.0 * static_cast<double>(sh.n_kv * keys * sh.head_dim), copy_gbs);
   }
+  return be.synchronize().ok();
+}
+
+// attention() on prompt chunks of 64..1024 tokens ending at position 4096 (a long prompt's later chunks), at the
+// sliding layers' shapes of E2B (8 query heads on 1 KV head, window 512), E4B (8 on 2), 26B-A4B (16 on 8, window
+// 1024) and 31B (32 on 16), and E2B's shape without a window, each on the decode kernel's tensor-core path
+// (attention_decode.cu; the prefill kernel off) and on the flash-attention kernel (attention_prefill.cu, forced
+// on), with the flash launch's block count: the figures behind PrefillAttention::kAuto's threshold. TFLOP/s counts
+// the two products of every visible (query, key) pair.
+bool bench_prefill_attention(CudaBackend& be, int iters) {
+  struct Shape {
+    const char* label;
+    int64_t n_heads, n_kv, head_dim, window;
+  };
+  const Shape shapes[] = {{"E2B sliding", 8, 1, 256, 512},
+                          {"E4B sliding", 8, 2, 256, 512},
+                          {"26B sliding", 16, 8, 256, 1024},
+                          {"31B sliding", 32, 16, 256, 1024},
+                          {"E2B full", 8, 1, 256, 0}};
+  constexpr int64_t kCtx = 4096, kMaxTok = 1024;
+  const cuda::PrefillAttention mode = cuda::prefill_attention();
+  std::printf("\n%-44s %10s %10s %10s %12s\n", "prompt-chunk attention", "blocks", "tc ms", "flash ms", "flash/tc");
+  for (const Shape& sh : shapes) {
+    const size_t kv_elems = static_cast<size_t>(sh.n_kv * kCtx * sh.head_dim);
+    const size_t q_elems = static_cast<size_t>(kMaxTok * sh.n_heads * sh.head_dim);
+    Buffer k = be.alloc(kv_elems * 2).value(), v = be.alloc(kv_elems * 2).value();
+    Buffer q = be.alloc(q_elems * 2).value(), out = be.alloc(q_elems * 2).value();
+    Buffer pos = be.alloc(static_cast<size_t>(kMaxTok) * sizeof(int32_t)).value();
+    if (!fill_bf16(be, k, kv_elems) || !fill_bf16(be, v, kv_elems) || !fill_bf16(be, q, q_elems)) return false;
+    for (int64_t n_tok : {64, 128, 256, 512, 1024}) {
+      std::vector<int32_t> hpos(static_cast<size_t>(n_tok));
+      double pairs = 0;
+      for (int64_t t = 0; t < n_tok; ++t) {
+        const int64_t p = kCtx - n_tok + t;
+        hpos[static_cast<size_t>(t)] = static_cast<int32_t>(p);
+        pairs += static_cast<double>(sh.window > 0 ? std::min(sh.window, p + 1) : p + 1);
+      }
+      if (!be.copy(pos.data(), hpos.data(), hpos.size() * sizeof(int32_t), CopyKind::kHostToDevice).ok()) return false;
+      const AttentionArgs args{.out = out.view(DType::kBF16, {n_tok, sh.n_heads, sh.head_dim}),
+                               .q = q.view(DType::kBF16, {n_tok, sh.n_heads, sh.head_dim}),
+                               .kv = {.k = k.view(DType::kBF16, {sh.n_kv, kCtx, sh.head_dim}),
+                                      .v = v.view(DType::kBF16, {sh.n_kv, kCtx, sh.head_dim}),
+                                      .begin = 0,
+                                      .end = kCtx},
+                               .q_pos = pos.view(DType::kI32, {n_tok}),
+                               .window = sh.window};
+      double ms[2];
+      for (int flash = 0; flash < 2; ++flash) {
+        cuda::set_prefill_attention(flash ? cuda::PrefillAttention::kAlways : cuda::PrefillAttention::kOff);
+        ms[flash] = time_ms(be, 2, iters, [&] { be.attention(args); });
+      }
+      const int64_t blocks = (n_tok * (sh.n_heads / sh.n_kv) + 63) / 64 * sh.n_kv;  // the flash kernel's grid
+      const double flops = 4.0 * pairs * static_cast<double>(sh.n_heads * sh.head_dim);
+      char label[96];
+      std::snprintf(label, sizeof label, "%s, %lld tokens (flash %.0f TFLOP/s)", sh.label,
+                    static_cast<long long>(n_tok), flops / (ms[1] * 1e9));
+      std::printf("%-44s %10lld %10.3f %10.3f %12.2f\n", label, static_cast<long long>(blocks), ms[0], ms[1],
+                  ms[1] / ms[0]);
+    }
+  }
+  cuda::set_prefill_attention(mode);
   return be.synchronize().ok();
 }
 
@@ -256,7 +318,7 @@ bool bench_fused_norm(CudaBackend& be, int iters) {
   return be.synchronize().ok();
 }
 
-enum class Section : uint8_t { kAll, kAttention, kMoe };
+enum class Section : uint8_t { kAll, kAttention, kMoe, kPrefillAttention };
 
 int run(bool quick, Section section) {
   auto made = CudaBackend::create(0);
@@ -290,6 +352,7 @@ int run(bool quick, Section section) {
   std::printf("%-44s %10.3f %10.0f %10s %12s\n", "copy D2D 1 GiB (read + write)", copy_ms, copy_gbs, "-", "1.00");
   if (section == Section::kAttention) return bench_attention(be, iters, copy_gbs) && be.synchronize().ok() ? 0 : 1;
   if (section == Section::kMoe) return bench_moe(be, iters, copy_gbs) && be.synchronize().ok() ? 0 : 1;
+  if (section == Section::kPrefillAttention) return bench_prefill_attention(be, iters) ? 0 : 1;
 
   // 31B's gate/up [21504, 5376] and down [5376, 21504] (both 231 MB, far over the 60 MB L2): the GEMV kernel and
   // cuBLASLt at every decode/verify size, cuBLASLt alone beyond.
@@ -337,8 +400,8 @@ int run(bool quick, Section section) {
 
   nx.reset();
   ny.reset();
-  if (!bench_fused_norm(be, iters) || !bench_attention(be, iters, copy_gbs) || !bench_moe(be, iters, copy_gbs) ||
-      !bench_sampling(be, iters, copy_gbs)) {
+  if (!bench_fused_norm(be, iters) || !bench_attention(be, iters, copy_gbs) || !bench_prefill_attention(be, iters) ||
+      !bench_moe(be, iters, copy_gbs) || !bench_sampling(be, iters, copy_gbs)) {
     const Status err = be.synchronize();
     std::printf("cuda_bench: fused norm/attention/moe/sampling failed: %s\n",
                 err.ok() ? "setup" : err.to_string().c_str());
@@ -359,8 +422,9 @@ int run(bool quick, Section section) {
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   using tandem::Section;
-  const Section section = argc > 1 && std::strcmp(argv[1], "--attention") == 0 ? Section::kAttention
-                          : argc > 1 && std::strcmp(argv[1], "--moe") == 0    ? Section::kMoe
-                                                                               : Section::kAll;
+  const Section section = argc > 1 && std::strcmp(argv[1], "--attention") == 0           ? Section::kAttention
+                          : argc > 1 && std::strcmp(argv[1], "--moe") == 0               ? Section::kMoe
+                          : argc > 1 && std::strcmp(argv[1], "--prefill-attention") == 0 ? Section::kPrefillAttention
+                                                                                         : Section::kAll;
   return tandem::run(quick, section);
 }
