@@ -344,26 +344,20 @@ struct DecodeShape {
   int64_t n_kv, n_chunks, max_keys;
 };
 
-// Opts the kernel in to its shared memory (over the 48 KB default) once per device, and returns how many of its
-// blocks an SM holds (for the split count; a heuristic, so one value serves every device).
+// Opts the kernel in to its shared memory (over the 48 KB default; once per device), and returns how many of its
+// blocks an SM holds (for the split count; a heuristic, so the first device's value serves every device).
 template <int NW, int NT>
 Result<int> prepare_kernel() {
   using G = Geo<NW, NT>;
-  static std::atomic<uint64_t> prepared{0};  // bit d: device d done
-  static std::atomic<int> blocks_per_sm{1};
-  int dev = 0;
-  TANDEM_CUDA_TRY(cudaGetDevice(&dev));
-  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t{1} << dev : 0;
-  if (bit == 0 || (prepared.load(std::memory_order_acquire) & bit) == 0) {
-    TANDEM_CUDA_TRY(cudaFuncSetAttribute(attention_decode_kernel<NW, NT>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(G::kSmem)));
-    int n = 0;
-    TANDEM_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_kernel<NW, NT>, G::kThreads,
-                                                                  G::kSmem));
-    blocks_per_sm.store(std::max(n, 1), std::memory_order_relaxed);
-    prepared.fetch_or(bit, std::memory_order_release);
-  }
-  return blocks_per_sm.load(std::memory_order_relaxed);
+  TANDEM_CUDA_TRY((allow_dynamic_smem<attention_decode_kernel<NW, NT>>(G::kSmem)));
+  static std::atomic<int> blocks_per_sm{0};  // 0: not asked yet
+  if (const int known = blocks_per_sm.load(std::memory_order_relaxed); known > 0) return known;
+  int n = 0;
+  TANDEM_CUDA_TRY(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_kernel<NW, NT>, G::kThreads, G::kSmem));
+  n = std::max(n, 1);
+  blocks_per_sm.store(n, std::memory_order_relaxed);
+  return n;
 }
 
 // kMinSplitKeys, or TANDEM_ATTN_SPLIT_KEYS (a tuning knob, rounded down to a multiple of 32), read once.

@@ -251,10 +251,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_prefill_kernel(PrefillP
 
 template <int HD>
 Status launch_hd(const PrefillParams& p, int64_t n_kv, cudaStream_t stream) {
-  // The kernel's shared memory is over the 48 KB default. Set at every launch (a host call of a microsecond against
-  // a prompt chunk's attention), so every device has it without per-device state.
-  TANDEM_CUDA_TRY(cudaFuncSetAttribute(attention_prefill_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(Geo<HD>::kSmem)));
+  TANDEM_CUDA_TRY(allow_dynamic_smem<attention_prefill_kernel<HD>>(Geo<HD>::kSmem));  // over the 48 KB default
   const int64_t rows = static_cast<int64_t>(p.n_tok) * p.group;
   const dim3 grid(static_cast<unsigned>((rows + kBM - 1) / kBM), static_cast<unsigned>(n_kv));
   launch_kernel(attention_prefill_kernel<HD>, grid, kThreads, Geo<HD>::kSmem, stream, p);

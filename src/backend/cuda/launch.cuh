@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 
 namespace tandem::cuda {
 
@@ -40,6 +41,24 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   const cudaLaunchConfig_t cfg = launch_config(grid, block, smem, stream, attr, pdl_enabled() ? 1 : 0);
   (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
+
+// Lets Kernel launch with up to `bytes` of dynamic shared memory (past the 48 KB default), once per kernel and
+// device: Kernel is a template argument because the instances of one kernel template share a signature, so a
+// static per signature would serve several kernels. `bytes` must be the same at every call for one Kernel (the
+// most any of its launches uses). Returns the attribute call's error (cudaSuccess when it was set before); a
+// failure is not remembered, so the next call asks again.
+template <auto Kernel>
+cudaError_t allow_dynamic_smem(size_t bytes) {
+  static std::atomic<uint64_t> done{0};  // bit d: device d set (devices past 63 ask every time)
+  int dev = 0;
+  if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return cudaSuccess;
+  const cudaError_t e =
+      cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_release);
+  return e;
 }
 
 // The attributes of a launch of thread-block clusters of `cluster_x` consecutive blocks along x (sm_90+), and with

@@ -452,20 +452,11 @@ std::atomic<bool>& staged_flag() {
   return on;
 }
 
-// A staged kernel's launch: its dynamic shared memory allowed past the 48 KB default first (kMaxStagedBytes at
-// most, set once per kernel and device: Kernel is a template argument because instances of one kernel template
-// share a signature; a failure surfaces as the launch's error).
+// A staged kernel's launch: its dynamic shared memory allowed past the 48 KB default first (kMaxStagedBytes, once
+// per kernel and device; a failure surfaces as the launch's error).
 template <auto Kernel, class... Args>
 void launch_staged(dim3 grid, int threads, int64_t smem, cudaStream_t stream, Args&&... args) {
-  static std::atomic<uint64_t> allowed{0};  // bit d: device d done
-  int dev = 0;
-  (void)cudaGetDevice(&dev);
-  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t{1} << dev : 0;
-  if (bit == 0 || (allowed.load(std::memory_order_acquire) & bit) == 0) {
-    if (cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxStagedBytes)) ==
-        cudaSuccess)
-      allowed.fetch_or(bit, std::memory_order_release);
-  }
+  (void)allow_dynamic_smem<Kernel>(static_cast<size_t>(kMaxStagedBytes));
   launch_kernel(Kernel, grid, threads, static_cast<size_t>(smem), stream, std::forward<Args>(args)...);
 }
 

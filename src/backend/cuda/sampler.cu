@@ -374,12 +374,7 @@ Status launch_sample_typed(const SampleArgs& a, cudaStream_t stream) {
   const int64_t rows = a.x.rows(), n = a.x.dim(-1);
   const int64_t slice = (n + kBlocks - 1) / kBlocks;
   const size_t smem = static_cast<size_t>(slice) * sizeof(float);
-  static bool configured = false;  // once per instance; the attribute is per function
-  if (!configured) {
-    TANDEM_CUDA_TRY(cudaFuncSetAttribute(sample_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(kMaxSlice * sizeof(float))));
-    configured = true;
-  }
+  TANDEM_CUDA_TRY(allow_dynamic_smem<sample_kernel<T>>(kMaxSlice * sizeof(float)));  // over the 48 KB default
   SampleKernelArgs<T> k{.x = static_cast<const T*>(a.x.data),
                         .n = n,
                         .probs = a.probs.empty() ? nullptr : static_cast<float*>(a.probs.data),
