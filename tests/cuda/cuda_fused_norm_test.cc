@@ -373,7 +373,7 @@ TEST_F(CudaFusedNorm, RopeEqualsSeparateOps) {
   uint32_t seed = 100;
   for (DType dt : {kBF16, kF32}) {
     for (const Case& c : cases) {
-      for (int64_t n_tok : {1, 3, 17}) {
+      for (int64_t n_tok : {1, 3, 17}) {  // 17: a prompt chunk (one warp per row where the head dim allows)
         for (int64_t n_heads : {1, 8}) {
           for (bool weighted : {true, false}) {
             const int64_t hd = c.head_dim, half = hd / 2;
@@ -429,19 +429,20 @@ TEST_F(CudaFusedNorm, RopeEqualsSeparateOps) {
 
 TEST_F(CudaFusedNorm, KvNormWriteEqualsThreeOps) {
   // kv_norm_write in one launch fills the cache with the bits of rms_norm + RoPE on k, the weightless rms_norm on
-  // v and kv_write: head dims 256 / 512 with default / proportional RoPE, 1-3 KV heads, 1-5 tokens, a plain store
-  // and a ring (slots wrapping), a position the store cannot hold (skipped by both), bf16 and f32.
+  // v and kv_write: head dims 256 / 512 with default / proportional RoPE, 1-3 KV heads, 1-5 tokens and a 40-token
+  // prompt chunk (one warp per row: norm_rope_rows_kernel), a plain store and a ring (slots wrapping), positions the
+  // store cannot hold (skipped by both), bf16 and f32.
   const RopeSpec sliding{.kind = RopeKind::kDefault, .theta = 1e4};
   const RopeSpec full{.kind = RopeKind::kProportional, .theta = 1e6, .partial_rotary_factor = 0.25};
   uint32_t seed = 700;
   for (DType dt : {kBF16, kF32}) {
     for (int hd : {256, 512}) {
       for (int64_t n_kv : {1, 3}) {
-        for (int64_t n_tok : {1, 5}) {
+        for (int64_t n_tok : {1, 5, 40}) {
           for (bool ring : {false, true}) {
             SCOPED_TRACE(strfmt("%s head_dim %d kv heads %lld tokens %lld ring %d", dtype_name(dt), hd,
                                 static_cast<long long>(n_kv), static_cast<long long>(n_tok), ring));
-            const int64_t cap = 8;
+            const int64_t cap = std::max<int64_t>(8, n_tok);  // a ring's slots wrap, each written once
             DeviceTensor k(be(), dt, {n_tok, n_kv, hd}), v(be(), dt, {n_tok, n_kv, hd}), w(be(), kBF16, {hd});
             DeviceTensor pos(be(), kI32, {n_tok}), inv(be(), kF32, {hd / 2});
             DeviceTensor ka(be(), dt, {n_kv, cap, hd}), va(be(), dt, {n_kv, cap, hd});
@@ -451,7 +452,7 @@ TEST_F(CudaFusedNorm, KvNormWriteEqualsThreeOps) {
             fill_random(v.host(), seed++);
             std::mt19937 rng(seed++);
             w.host().fill_uniform(rng, 0.5f, 1.5f);
-            // Consecutive positions from 6: a ring of 8 wraps; a plain store of 8 cannot hold 8 and up.
+            // Consecutive positions from 6: the ring wraps; the plain store cannot hold those from `cap` on.
             for (int64_t t = 0; t < n_tok; ++t) pos.host().seti(t, static_cast<int32_t>(6 + t));
             for (DeviceTensor* t : {&k, &v, &w, &pos, &inv}) t->upload();
             for (DeviceTensor* t : {&ka, &va, &kb, &vb}) t->poison();

@@ -322,32 +322,6 @@ __global__ void rms_norm_rope_kernel(T* out, const T* x, NormWeight w, const int
   norm_rope_row<T>(out + row * head_dim, xr, inv, w, p, inv_freq, half, mine);
 }
 
-template <class T>
-Status rms_norm_rope_typed(const RmsNormArgs& a, cudaStream_t stream) {
-  const int64_t head_dim = a.x.dim(-1), rows = a.x.rows(), n_tok = a.rope_pos.numel();
-  if (rows == 0 || head_dim == 0) return ok_status();
-  const NormWeight w = norm_weight(a.weight);
-  const NormGeometry g = norm_geometry(a.x);
-  // Enough threads for one pair each (256 for head_dim 512), and never fewer than the reduction uses.
-  const int threads = static_cast<int>(
-      std::min<int64_t>(1024, std::max<int64_t>(g.threads, (head_dim / 2 + kWarp - 1) / kWarp * kWarp)));
-  auto* out = static_cast<T*>(a.out.data);
-  const auto* x = static_cast<const T*>(a.x.data);
-  const auto* pos = static_cast<const int32_t*>(a.rope_pos.data);
-  const auto* inv_freq = static_cast<const float*>(a.rope_inv_freq.data);
-  const auto grid = static_cast<unsigned>(rows);
-  const int64_t n_heads = rows / n_tok;
-  if (g.v == 8) {
-    launch_kernel(rms_norm_rope_kernel<T, 8>, grid, threads, 0, stream, out, x, w, pos, inv_freq, n_heads, head_dim,
-                  g.threads, a.eps);
-  } else {
-    launch_kernel(rms_norm_rope_kernel<T, 1>, grid, threads, 0, stream, out, x, w, pos, inv_freq, n_heads, head_dim,
-                  g.threads, a.eps);
-  }
-  TANDEM_CUDA_TRY_LAUNCH();
-  return ok_status();
-}
-
 // kv_norm_write in one launch: blocks [0, rows) take key rows (rms_norm_rope_kernel's arithmetic: its reduction
 // with n_k threads, one pair per thread), blocks [rows, 2 rows) value rows (rms_norm_kernel's weightless norm,
 // reduced with n_v threads: the extra threads of the block add zeros, which changes no bit), and every row goes
@@ -403,6 +377,131 @@ __global__ void kv_norm_rope_write_kernel(KvDest d, QRows qr, const T* k_new, co
   norm_rope_row<T>(dst, xr, inv, kw, static_cast<float>(p), inv_freq, half, mine);
 }
 
+// Prompt chunks (kRowsMinTokens tokens or more): the rows of rms_norm_rope_kernel and kv_norm_rope_write_kernel,
+// query rows first, then key rows, then value rows, one warp each and kWarpRows per block instead of a block each
+// (a chunk has tens of thousands of head rows, each a few hundred bytes). Head dims of at most 512 in 16-byte chunks
+// (V = 8) only, where the block kernels' n_active threads hold one chunk each: lane l sums the squares of chunks l and
+// l + 32 as threads l and l + 32 do, the second warp's sum added last as block_sum's second level adds it (the other
+// warps there add zeros), so every row's inverse RMS has the block kernels' bits; then each lane takes the pairs
+// j = l, l + 32, ... with norm_rope_row's arithmetic (the same bits again), with no block barrier anywhere.
+constexpr int kWarpRows = 8;
+constexpr int64_t kRowsMinTokens = 16;
+
+template <class T>
+__device__ __forceinline__ float warp_inv_rms(const T* xr, int64_t dim, float eps) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  float sq[2] = {0.f, 0.f};
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const int64_t i = static_cast<int64_t>(lane + c * kWarp) * 8;
+    if (i < dim) {
+      float v[8];
+      load_vec<T, 8>(xr + i, v);
+      sq[c] = add_squares<8>(v, 0.f);
+    }
+  }
+  float ss = warp_sum(sq[0]);
+  if (dim > 8 * kWarp) ss += warp_sum(sq[1]);
+  return inv_rms_of(ss, dim, eps);
+}
+
+template <class T>
+__device__ __forceinline__ void warp_norm_rope_row(T* dst, const T* xr, float inv, const NormWeight& w, float pos,
+                                                   const float* inv_freq, int64_t half) {
+  for (int64_t j = threadIdx.x % kWarp; j < half; j += kWarp) {
+    float x1 = round_as<T>(to_f32(xr[j]) * inv * weight_at(w, j));
+    float x2 = round_as<T>(to_f32(xr[j + half]) * inv * weight_at(w, j + half));
+    const float f = inv_freq[j];
+    if (f != 0.f) {
+      float s, c;
+      sincosf(pos * f, &s, &c);
+      rope_pair<T>(x1, x2, c, s);
+    }
+    dst[j] = from_f32<T>(x1);
+    dst[j + half] = from_f32<T>(x2);
+  }
+}
+
+// Row b = blockIdx.x * kWarpRows + warp: query rows [0, qr.rows) normed and rotated from qr.q into q_out (which
+// may be qr.q), then `rows` key rows and `rows` value rows into their cache slots (kv_norm_rope_write_kernel's
+// rules; rows = 0 for rms_norm_rope).
+template <class T>
+__global__ void __launch_bounds__(kWarpRows* kWarp)
+    norm_rope_rows_kernel(KvDest d, QRows qr, T* q_out, const T* k_new, const T* v_new, NormWeight kw,
+                          const int32_t* pos, const float* inv_freq, int64_t rows, int64_t n_kv, int64_t head_dim,
+                          float eps) {
+  pdl_enter();
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * kWarpRows + threadIdx.x / kWarp, half = head_dim / 2;
+  if (b < qr.rows) {
+    const T* xq = static_cast<const T*>(qr.q) + b * head_dim;
+    const float inv = warp_inv_rms<T>(xq, head_dim, eps);
+    warp_norm_rope_row<T>(q_out + b * head_dim, xq, inv, qr.w, static_cast<float>(pos[b / qr.n_heads]), inv_freq,
+                          half);
+    return;
+  }
+  const int64_t r = b - qr.rows;
+  if (r >= 2 * rows) return;
+  const bool is_v = r >= rows;
+  const int64_t row = is_v ? r - rows : r;
+  const int64_t t = row / n_kv, h = row % n_kv;
+  const T* xr = (is_v ? v_new : k_new) + row * head_dim;
+  const float inv = warp_inv_rms<T>(xr, head_dim, eps);
+  const int64_t p = pos[t];
+  if (p < 0 || (!d.ring && p >= d.capacity)) return;
+  const int64_t slot = d.ring ? p % d.capacity : p;
+  if (is_v) {
+    T* dst = static_cast<T*>(d.v) + h * d.v_stride_head + slot * d.v_stride_slot;
+    for (int64_t i = threadIdx.x % kWarp; i < head_dim; i += kWarp) dst[i] = from_f32<T>(to_f32(xr[i]) * inv * 1.f);
+    return;
+  }
+  T* dst = static_cast<T*>(d.k) + h * d.k_stride_head + slot * d.k_stride_slot;
+  warp_norm_rope_row<T>(dst, xr, inv, kw, static_cast<float>(p), inv_freq, half);
+}
+
+// Whether a launch of n_tok tokens over rows of `head_dim` in geometry g (and every other row geometry equal to it)
+// takes norm_rope_rows_kernel.
+bool rows_kernel_takes(int64_t n_tok, int64_t head_dim, const NormGeometry& g) {
+  return n_tok >= kRowsMinTokens && g.v == 8 && head_dim <= 2 * 8 * kWarp && g.threads <= 2 * kWarp;
+}
+
+template <class T>
+Status rms_norm_rope_typed(const RmsNormArgs& a, cudaStream_t stream) {
+  const int64_t head_dim = a.x.dim(-1), rows = a.x.rows(), n_tok = a.rope_pos.numel();
+  if (rows == 0 || head_dim == 0) return ok_status();
+  const NormWeight w = norm_weight(a.weight);
+  const NormGeometry g = norm_geometry(a.x);
+  // Enough threads for one pair each (256 for head_dim 512), and never fewer than the reduction uses.
+  const int threads = static_cast<int>(
+      std::min<int64_t>(1024, std::max<int64_t>(g.threads, (head_dim / 2 + kWarp - 1) / kWarp * kWarp)));
+  auto* out = static_cast<T*>(a.out.data);
+  const auto* x = static_cast<const T*>(a.x.data);
+  const auto* pos = static_cast<const int32_t*>(a.rope_pos.data);
+  const auto* inv_freq = static_cast<const float*>(a.rope_inv_freq.data);
+  const auto grid = static_cast<unsigned>(rows);
+  const int64_t n_heads = rows / n_tok;
+  if (rows_kernel_takes(n_tok, head_dim, g)) {
+    QRows qr;
+    qr.q = const_cast<T*>(x);  // read only
+    qr.w = w;
+    qr.rows = rows;
+    qr.n_heads = n_heads;
+    launch_kernel(norm_rope_rows_kernel<T>, static_cast<unsigned>((rows + kWarpRows - 1) / kWarpRows),
+                  kWarpRows * kWarp, 0, stream, KvDest{}, qr, out, static_cast<const T*>(nullptr),
+                  static_cast<const T*>(nullptr), NormWeight{}, pos, inv_freq, int64_t{0}, int64_t{1}, head_dim, a.eps);
+    TANDEM_CUDA_TRY_LAUNCH();
+    return ok_status();
+  }
+  if (g.v == 8) {
+    launch_kernel(rms_norm_rope_kernel<T, 8>, grid, threads, 0, stream, out, x, w, pos, inv_freq, n_heads, head_dim,
+                  g.threads, a.eps);
+  } else {
+    launch_kernel(rms_norm_rope_kernel<T, 1>, grid, threads, 0, stream, out, x, w, pos, inv_freq, n_heads, head_dim,
+                  g.threads, a.eps);
+  }
+  TANDEM_CUDA_TRY_LAUNCH();
+  return ok_status();
+}
+
 template <class T>
 Status kv_norm_write_typed(const KvNormWriteArgs& a, cudaStream_t stream) {
   const KvWriteArgs& w = a.write;
@@ -425,6 +524,14 @@ Status kv_norm_write_typed(const KvNormWriteArgs& a, cudaStream_t stream) {
     qr.w = norm_weight(a.q_norm);
     qr.n_heads = a.q.shape[1];
     qr.rows = a.q.shape[0] * qr.n_heads;
+  }
+  if (rows_kernel_takes(n_tok, head_dim, gk) && gv.v == 8 && gv.threads == gk.threads) {
+    const int64_t all = qr.rows + 2 * rows;
+    launch_kernel(norm_rope_rows_kernel<T>, static_cast<unsigned>((all + kWarpRows - 1) / kWarpRows), kWarpRows * kWarp,
+                  0, stream, d, qr, static_cast<T*>(qr.q), static_cast<const T*>(w.k_new.data),
+                  static_cast<const T*>(w.v_new.data), kw, pos, inv_freq, rows, n_kv, head_dim, a.eps);
+    TANDEM_CUDA_TRY_LAUNCH();
+    return ok_status();
   }
   const auto grid = static_cast<unsigned>(qr.rows + 2 * rows);
   if (gk.v == 8) {
