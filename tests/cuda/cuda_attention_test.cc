@@ -238,11 +238,22 @@ TEST_F(CudaOps, AttentionDecodeTokenCounts) {
   }
 }
 
+// Sets the prompt-chunk attention mode for one test and restores the one before.
+struct PrefillModeScope {
+  cuda::PrefillAttention before = cuda::prefill_attention();
+  explicit PrefillModeScope(cuda::PrefillAttention m) { cuda::set_prefill_attention(m); }
+  ~PrefillModeScope() { cuda::set_prefill_attention(before); }
+  PrefillModeScope(const PrefillModeScope&) = delete;
+  PrefillModeScope& operator=(const PrefillModeScope&) = delete;
+};
+
 TEST_F(CudaOps, AttentionPrefillChunksOnTheTensorCores) {
-  // bf16 prompt chunks: each 40-row block reads the union of its own tokens' ranges (a causal block stops at its
-  // last token) and masks per token. Shapes of the released models' layers and odd ones: 40 tokens per block
-  // (group 1), row chunks that start inside a token's group (group 3), a wrapped sliding ring with stale slots,
-  // full head_dim 512, few blocks that split the keys, and a non-causal window.
+  // bf16 prompt chunks on the decode kernel's tensor-core path (the flash kernel off): each 40-row block reads the
+  // union of its own tokens' ranges (a causal block stops at its last token) and masks per token. Shapes of the
+  // released models' layers and odd ones: 40 tokens per block (group 1), row chunks that start inside a token's
+  // group (group 3), a wrapped sliding ring with stale slots, full head_dim 512, few blocks that split the keys,
+  // and a non-causal window.
+  const PrefillModeScope scope(cuda::PrefillAttention::kOff);
   const AttnCase prompt_cases[] = {
       {.name = "prompt from 0", .n_tok = 200, .n_heads = 8, .n_kv = 1, .head_dim = 256, .capacity = 256,
        .begin = 0, .end = 200, .ring = false, .scale = 0.1f},
@@ -267,16 +278,12 @@ TEST_F(CudaOps, AttentionPrefillChunksOnTheTensorCores) {
   }
 }
 
-// The flash-attention prompt-chunk kernel (attention_prefill.cu), forced on for every chunk it takes (its default
-// is off until timed on a GPU): head dims 64, 128 and 256; GQA groups 1, 2, 3 and 8 with 64-row blocks that start
-// inside a token's group and a last block of a few rows; a wrapped ring smaller than one 32-key tile, with stale
+// The flash-attention prompt-chunk kernel (attention_prefill.cu), forced on for every chunk it takes (by default
+// only launches of 64 blocks or more): head dims 64, 128 and 256; GQA groups 1, 2, 3 and 8 with 64-row blocks that
+// start inside a token's group and a last block of a few rows; a wrapped ring smaller than one 32-key tile, with stale
 // slots; begin > 0 with queries before it (zero rows); a non-causal window; out = q; the end read on the device.
 TEST_F(CudaOps, AttentionPrefillKernelMatchesReference) {
-  struct ModeScope {
-    cuda::PrefillAttention before = cuda::prefill_attention();
-    ModeScope() { cuda::set_prefill_attention(cuda::PrefillAttention::kAlways); }
-    ~ModeScope() { cuda::set_prefill_attention(before); }
-  } scope;
+  const PrefillModeScope scope(cuda::PrefillAttention::kAlways);
   std::vector<int32_t> before_begin(40);
   for (int32_t t = 0; t < 40; ++t) before_begin[static_cast<size_t>(t)] = 90 + 3 * t;  // 90..207, begin 100
   const AttnCase prompt_cases[] = {

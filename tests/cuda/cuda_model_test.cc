@@ -523,6 +523,52 @@ TEST_F(CudaModelDemo, GreedySpeculativeEqualsPlainAndAccepts) {
   }
 }
 
+TEST_F(CudaModelDemo, FlashPrefillMatchesTheDecodeKernel) {
+  // A 160-token prompt's logits at every position with the prompt chunk's attention on the flash-attention kernel
+  // (attention_prefill.cu, forced on; by default it takes only launches of 64 blocks or more, which no fixture
+  // model's chunk reaches) and on the decode kernel's tensor-core path: two bf16 kernels that add the same products
+  // in different orders, so the logits agree to bf16 noise, not bit for bit. Window 128 < 160: sliding layers mask.
+  auto logits = [&](cuda::PrefillAttention mode) {
+    const cuda::PrefillAttention before = cuda::prefill_attention();
+    cuda::set_prefill_attention(mode);
+    std::vector<int32_t> tokens(160);
+    uint32_t s = 7;
+    for (int32_t& t : tokens) t = static_cast<int32_t>(3 + (s = s * 1664525u + 1013904223u) % 2000);
+    auto cache = target_->new_cache({.max_positions = 200});
+    EXPECT_TRUE(cache.ok());
+    std::vector<float> got;
+    if (cache.ok()) {
+      SequenceInput in{.cache = &*cache, .tokens = tokens, .n_outputs = 160};
+      ForwardOutputs out;
+      const Status st = target_->forward(std::span(&in, 1), &out);
+      EXPECT_TRUE(st.ok()) << st.to_string();
+      if (st.ok()) got = to_host(target_->backend(), out.logits);
+    }
+    cuda::set_prefill_attention(before);
+    return got;
+  };
+  const std::vector<float> flash = logits(cuda::PrefillAttention::kAlways), tc = logits(cuda::PrefillAttention::kOff);
+  const int64_t V = target_->text().n_vocab, T = 160;
+  ASSERT_EQ(static_cast<int64_t>(flash.size()), T * V);
+  ASSERT_EQ(tc.size(), flash.size());
+  std::vector<double> err;
+  int64_t agree = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* f = flash.data() + t * V;
+    const float* g = tc.data() + t * V;
+    ASSERT_TRUE(std::all_of(f, f + V, [](float v) { return std::isfinite(v); })) << "position " << t;
+    err.push_back(rel_l2(f, g, static_cast<size_t>(V)));
+    agree += argmax_of(f, V) == argmax_of(g, V);
+  }
+  std::printf(
+      "[bf16 demo] cuda flash prefill vs decode kernel, 160 tokens: rel-L2 median %.4f q7/8 %.4f max %.4f, "
+      "argmax equal at %lld/%lld\n",
+      median(err), quantile(err, 0.875), quantile(err, 1.0), static_cast<long long>(agree), static_cast<long long>(T));
+  EXPECT_LE(median(err), 0.03);
+  EXPECT_LE(quantile(err, 0.875), 0.06);
+  EXPECT_GE(agree, T - T / 10);
+}
+
 TEST_F(CudaModelDemo, SampledSpeculativeFollowsPlainSampling) {
   // Spec §6 item 26 on the GPU, with the sampling ops on the device: the first three tokens of sampled speculative
   // decoding (argmax drafts, and drafts drawn from the drafter) follow the law of plain sampled decoding. The law

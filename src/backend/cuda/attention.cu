@@ -332,7 +332,7 @@ Status launch_attention(const AttentionArgs& a, const Scratch& scratch, cudaStre
   TANDEM_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
   const int64_t max_keys = !a.kv_end.empty() && capture != cudaStreamCaptureStatusNone ? a.kv.capacity()
                                                                                         : a.kv.end - a.kv.begin;
-  if (attention_prefill_applies(a, scratch.sm_count)) return launch_attention_prefill(a, stream);
+  if (attention_prefill_applies(a)) return launch_attention_prefill(a, stream);
   if (attention_decode_applies(a)) return launch_attention_decode(a, max_keys, scratch, stream);
   AttnParams p{};
   p.out = a.out.data;

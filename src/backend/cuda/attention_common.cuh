@@ -95,7 +95,7 @@ bool attention_decode_applies(const AttentionArgs& a);
 
 // Whether the prompt-chunk kernel takes this op (prefill_attention()'s mode, bf16, 32+ tokens, head_dim 64 / 128 /
 // 256, 16-byte aligned K/V rows), and its launch (no split of the keys, no workspace). (attention_prefill.cu)
-bool attention_prefill_applies(const AttentionArgs& a, int sm_count);
+bool attention_prefill_applies(const AttentionArgs& a);
 Status launch_attention_prefill(const AttentionArgs& a, cudaStream_t stream);
 
 // Enqueues the decode kernel (and the combine when it splits the keys). max_keys sizes the launch: the range the

@@ -33,6 +33,10 @@ constexpr int kBM = 16 * kWarps;  // query rows per block
 constexpr int kBN = 32;           // keys per tile
 constexpr int kStages = 2;
 constexpr int kMinTokens = 32;  // fewer tokens (decode, verify) stay on attention_decode.cu's kernel
+// kAuto's fewest blocks: with fewer, the decode kernel, which also splits the keys, is faster (bench/RESULTS.md run
+// BK, `cuda_bench --prefill-attention` on an H200: flash / decode kernel 2.2-2.4x at 8-16 blocks, 0.99-1.8x at 32,
+// 0.86-1.01x at 64, 0.45-0.55x at 128; a long prompt's 1024-token chunks are 128-512 blocks).
+constexpr int64_t kAutoMinBlocks = 64;
 
 // Shared memory for head dim HD: Q [kBM][HD] | stages x (K [kBN][HD] | V [kBN][HD]) | token ranges. Rows are
 // 16-byte chunks XOR-swizzled by the row's low three bits, so ldmatrix's eight rows hit distinct banks.
@@ -262,10 +266,10 @@ Status launch_hd(const PrefillParams& p, int64_t n_kv, cudaStream_t stream) {
 std::atomic<int>& mode_flag() {
   static std::atomic<int> mode{[] {
     const char* e = std::getenv("TANDEM_ATTN_PREFILL");
-    if (e == nullptr) return static_cast<int>(PrefillAttention::kOff);
-    if (std::strcmp(e, "auto") == 0 || std::strcmp(e, "1") == 0) return static_cast<int>(PrefillAttention::kAuto);
-    if (std::strcmp(e, "always") == 0) return static_cast<int>(PrefillAttention::kAlways);
-    return static_cast<int>(PrefillAttention::kOff);
+    if (e != nullptr && (std::strcmp(e, "0") == 0 || std::strcmp(e, "off") == 0))
+      return static_cast<int>(PrefillAttention::kOff);
+    if (e != nullptr && std::strcmp(e, "always") == 0) return static_cast<int>(PrefillAttention::kAlways);
+    return static_cast<int>(PrefillAttention::kAuto);
   }()};
   return mode;
 }
@@ -277,14 +281,13 @@ PrefillAttention prefill_attention() {
   return static_cast<PrefillAttention>(mode_flag().load(std::memory_order_relaxed));
 }
 
-bool attention_prefill_applies(const AttentionArgs& a, int sm_count) {
+bool attention_prefill_applies(const AttentionArgs& a) {
   const PrefillAttention mode = prefill_attention();
   if (mode == PrefillAttention::kOff || !tc_attention_operands_ok(a)) return false;
   const int64_t n_tok = a.q.shape[0], n_heads = a.q.shape[1], head_dim = a.q.shape[2], n_kv = a.kv.k.shape[0];
   if ((head_dim != 64 && head_dim != 128 && head_dim != 256) || n_tok < kMinTokens) return false;
-  // kAuto: only launches of at least one block per SM (fewer, the decode kernel's split of the keys fills the GPU).
   const int64_t blocks = (n_tok * (n_heads / n_kv) + kBM - 1) / kBM * n_kv;
-  return mode == PrefillAttention::kAlways || blocks >= sm_count;
+  return mode == PrefillAttention::kAlways || blocks >= kAutoMinBlocks;
 }
 
 Status launch_attention_prefill(const AttentionArgs& a, cudaStream_t stream) {

@@ -77,8 +77,8 @@ struct Scratch {
 // inside a graph capture with kv_end, the launch is sized for the storage's capacity)
 Status launch_attention(const AttentionArgs& a, const Scratch& scratch, cudaStream_t stream);
 // attention_prefill.cu: prompt chunks (32 or more bf16 query tokens, head_dim 64, 128 or 256) on a flash-attention
-// kernel instead of the decode kernel. kOff (the default until it has been timed on a GPU), kAuto (launches of at
-// least one block per SM), kAlways (every chunk it takes; tests). TANDEM_ATTN_PREFILL=auto / always sets it.
+// kernel instead of the decode kernel. kOff (every chunk on the decode kernel), kAuto (the default: launches of 64
+// blocks of 64 query rows or more), kAlways (every chunk it takes; tests). TANDEM_ATTN_PREFILL=0 / always sets it.
 enum class PrefillAttention : uint8_t { kOff, kAuto, kAlways };
 void set_prefill_attention(PrefillAttention m);
 PrefillAttention prefill_attention();
