@@ -132,22 +132,22 @@ bool bench_attention(CudaBackend& be, int iters, double copy_gbs) {
 
 // attention() on prompt chunks of 64..1024 tokens ending at position 4096 (a long prompt's later chunks), at the
 // sliding layers' shapes of E2B (8 query heads on 1 KV head, window 512), E4B (8 on 2), 26B-A4B (16 on 8, window
-// 1024) and 31B (32 on 16), and E2B's shape without a window, each on the decode kernel's tensor-core path
-// (attention_decode.cu; the prefill kernel off) and on the flash-attention kernel (attention_prefill.cu, forced
-// on), with the flash launch's block count: the figures behind PrefillAttention::kAuto's threshold. TFLOP/s counts
-// the two products of every visible (query, key) pair.
+// 1024) and 31B (32 on 16), E2B's shape without a window and 31B's full layer (32 on 4, head dim 512), each on the
+// decode kernel's tensor-core path (attention_decode.cu; the prefill kernel off) and on the flash-attention kernel
+// (attention_prefill.cu, forced on, head dim 512 included), with the flash launch's block count: the figures behind
+// PrefillAttention::kAuto's threshold. TFLOP/s counts the two products of every visible (query, key) pair.
 bool bench_prefill_attention(CudaBackend& be, int iters) {
   struct Shape {
     const char* label;
     int64_t n_heads, n_kv, head_dim, window;
   };
-  const Shape shapes[] = {{"E2B sliding", 8, 1, 256, 512},
-                          {"E4B sliding", 8, 2, 256, 512},
-                          {"26B sliding", 16, 8, 256, 1024},
-                          {"31B sliding", 32, 16, 256, 1024},
-                          {"E2B full", 8, 1, 256, 0}};
+  const Shape shapes[] = {{"E2B sliding", 8, 1, 256, 512},   {"E4B sliding", 8, 2, 256, 512},
+                          {"26B sliding", 16, 8, 256, 1024}, {"31B sliding", 32, 16, 256, 1024},
+                          {"E2B full", 8, 1, 256, 0},        {"31B full", 32, 4, 512, 0}};
   constexpr int64_t kCtx = 4096, kMaxTok = 1024;
   const cuda::PrefillAttention mode = cuda::prefill_attention();
+  const bool wide = cuda::prefill_attention_512();
+  cuda::set_prefill_attention_512(true);  // the flash kernel's head dim 512 too (off by default)
   std::printf("\n%-44s %10s %10s %10s %12s\n", "prompt-chunk attention", "blocks", "tc ms", "flash ms", "flash/tc");
   for (const Shape& sh : shapes) {
     const size_t kv_elems = static_cast<size_t>(sh.n_kv * kCtx * sh.head_dim);
@@ -188,6 +188,7 @@ bool bench_prefill_attention(CudaBackend& be, int iters) {
     }
   }
   cuda::set_prefill_attention(mode);
+  cuda::set_prefill_attention_512(wide);
   return be.synchronize().ok();
 }
 

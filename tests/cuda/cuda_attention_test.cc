@@ -314,6 +314,38 @@ TEST_F(CudaOps, AttentionPrefillKernelMatchesReference) {
   }
 }
 
+// The flash kernel at head dim 512 (the full layers; off by default: set_prefill_attention_512), where two warps
+// share 16 rows and swap their partial scores: GQA 8 with a last block of a few rows, a ring with a window, queries
+// before begin, out = q and the end read on the device.
+TEST_F(CudaOps, AttentionPrefillKernelHeadDim512MatchesReference) {
+  const PrefillModeScope scope(cuda::PrefillAttention::kAlways);
+  struct WideScope {
+    bool before = cuda::prefill_attention_512();
+    WideScope() { cuda::set_prefill_attention_512(true); }
+    ~WideScope() { cuda::set_prefill_attention_512(before); }
+  } wide;
+  std::vector<int32_t> before_begin(36);
+  for (int32_t t = 0; t < 36; ++t) before_begin[static_cast<size_t>(t)] = 80 + 4 * t;  // 80..220, begin 100
+  const AttnCase prompt_cases[] = {
+      {.name = "hd512 gqa8 from 0", .n_tok = 70, .n_heads = 16, .n_kv = 2, .head_dim = 512, .capacity = 128,
+       .begin = 0, .end = 70, .ring = false, .scale = 0.05f},
+      {.name = "hd512 gqa4 sliding ring", .n_tok = 48, .n_heads = 4, .n_kv = 1, .head_dim = 512, .capacity = 100,
+       .begin = 402, .end = 500, .ring = true, .window = 40, .scale = 0.05f},
+      {.name = "hd512 queries before begin", .n_tok = 36, .n_heads = 8, .n_kv = 1, .head_dim = 512,
+       .capacity = 256, .begin = 100, .end = 230, .ring = false, .scale = 0.05f, .q_pos = before_begin},
+      {.name = "hd512 out = q", .n_tok = 40, .n_heads = 8, .n_kv = 2, .head_dim = 512, .capacity = 200, .begin = 0,
+       .end = 150, .ring = false, .scale = 0.05f, .alias = true},
+      {.name = "hd512 device end", .n_tok = 33, .n_heads = 4, .n_kv = 2, .head_dim = 512, .capacity = 400,
+       .begin = 0, .end = 300, .ring = false, .scale = 0.05f, .device_end = true, .host_end = 400},
+  };
+  uint32_t seed = 1290;
+  for (const AttnCase& c : prompt_cases) {
+    run_case(be(), c, kBF16, kBF16, seed);
+    seed += 3;
+    if (HasFatalFailure()) return;
+  }
+}
+
 // Captures attention with a device kv_end into a CUDA graph at ends[0] (launch sized for the capacity), then
 // replays it at each end after writing that end and its query positions to the device: every replay must match
 // the reference at its own length. For a ring, begin = max(0, end - capacity); for a full store it stays c.begin.

@@ -1,7 +1,8 @@
 // Attention of a prompt chunk (many bf16 query tokens, ops.h AttentionArgs, spec §1.6) on the tensor cores,
 // flash-attention style: one block of four warps per (64 query rows, KV head), the rows being the query heads of the
-// KV head's GQA group for consecutive tokens. Each warp owns 16 rows across the whole head dim: S = Q K^T for a tile
-// of 32 keys stays in its registers, the online softmax runs there (a row's four lanes reduce by shuffles), and the
+// KV head's GQA group for consecutive tokens. Each warp owns 16 rows across the whole head dim (at head dim 512, a
+// pair of warps shares them, one half of the dims each: Geo): S = Q K^T for a tile of 32 keys stays in its
+// registers, the online softmax runs there (a row's four lanes reduce by shuffles), and the
 // probabilities, rounded to bf16, are the A operand of O += P V without a trip through shared memory. Q is staged in
 // shared memory once; K/V tiles stream through a double-buffered cp.async pipeline, every block reading the union of
 // its tokens' key ranges. attention_decode.cu's kernel splits the head dim across warps and sums partial scores
@@ -27,9 +28,8 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * kWarp;
-constexpr int kBM = 16 * kWarps;  // query rows per block
+constexpr int kRowWarps = 4;         // warps along the rows: 16 query rows each
+constexpr int kBM = 16 * kRowWarps;  // query rows per block
 constexpr int kBN = 32;           // keys per tile
 constexpr int kStages = 2;
 constexpr int kMinTokens = 32;  // fewer tokens (decode, verify) stay on attention_decode.cu's kernel
@@ -38,16 +38,27 @@ constexpr int kMinTokens = 32;  // fewer tokens (decode, verify) stay on attenti
 // 0.86-1.01x at 64, 0.45-0.55x at 128; a long prompt's 1024-token chunks are 128-512 blocks).
 constexpr int64_t kAutoMinBlocks = 64;
 
-// Shared memory for head dim HD: Q [kBM][HD] | stages x (K [kBN][HD] | V [kBN][HD]) | token ranges. Rows are
-// 16-byte chunks XOR-swizzled by the row's low three bits, so ldmatrix's eight rows hit distinct banks.
+// Geometry for head dim HD. Up to 256, one warp per 16 rows holds them across the whole head dim. At 512, whose
+// accumulator would not fit a warp's registers, two warps share 16 rows, each holding O for one half of the dims:
+// each computes its half's partial scores, the pair swaps them through shared memory and adds them (a + b is b + a
+// bit for bit, so both warps hold the same scores and run the same softmax), then each multiplies P by its half of V.
+// Shared memory: Q [kBM][HD] | stages x (K [kBN][HD] | V [kBN][HD]) | token ranges | (at 512) the warps' partial
+// scores. Rows are 16-byte chunks XOR-swizzled by the row's low three bits, so ldmatrix's eight rows hit distinct
+// banks.
 template <int HD>
 struct Geo {
+  static constexpr int kHalves = HD > 256 ? 2 : 1;  // warps per 16 rows
+  static constexpr int kDh = HD / kHalves;          // head dims per warp
+  static constexpr int kThreads = kRowWarps * kHalves * kWarp;
   static constexpr int kChunks = HD / 8;
   static constexpr size_t kQElems = size_t{kBM} * HD;
   static constexpr size_t kTileElems = size_t{kBN} * HD;
   static constexpr size_t kKvOffset = kQElems;  // elements
   static constexpr size_t kRangeOffset = (kQElems + size_t{kStages} * 2 * kTileElems) * sizeof(bf16);
-  static constexpr size_t kSmem = kRangeOffset + 2 * kBM * sizeof(int);
+  static constexpr size_t kSwapOffset = kRangeOffset + 2 * kBM * sizeof(int);
+  static constexpr size_t kSwapBytes = kHalves > 1 ? size_t{kThreads} / kWarp * 16 * kBN * sizeof(float) : 0;
+  static constexpr size_t kSmem = kSwapOffset + kSwapBytes;
+  static_assert(kHalves == 1 || kDh % 64 == 0, "a warp's first chunk is a multiple of 8 (the swizzle's period)");
   static_assert(kChunks >= 8, "the swizzle needs rows of at least 8 chunks");
   static_assert((kBM * kChunks) % kThreads == 0 && (2 * kBN * kChunks) % kThreads == 0, "whole copies per thread");
   static_assert(kSmem <= 227 * 1024, "fits in an SM's shared memory");
@@ -63,9 +74,10 @@ using PrefillParams = TcAttnInputs;
 // Grid (row chunk, KV head). mma fragments: gq = lane / 4, tq = lane % 4; in S and O a thread holds rows gq and
 // gq + 8 of its warp's 16, columns 2 tq and 2 tq + 1 of each 8-wide n-tile.
 template <int HD>
-__global__ void __launch_bounds__(kThreads, 2) attention_prefill_kernel(PrefillParams p) {
+__global__ void __launch_bounds__(Geo<HD>::kThreads, 2 / Geo<HD>::kHalves) attention_prefill_kernel(PrefillParams p) {
   pdl_enter();
   using G = Geo<HD>;
+  constexpr int kThreads = G::kThreads;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* s_q = reinterpret_cast<bf16*>(smem);
   bf16* s_kv = s_q + G::kKvOffset;
@@ -73,6 +85,10 @@ __global__ void __launch_bounds__(kThreads, 2) attention_prefill_kernel(PrefillP
   int* s_hi = s_lo + kBM;
 
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  // This warp's 16 rows, and its half of the dims (compile-time 0 with one warp per row group, so that every
+  // swizzled offset below stays an immediate).
+  const int rw = G::kHalves > 1 ? warp % kRowWarps : warp, dh = G::kHalves > 1 ? warp / kRowWarps : 0;
+  const int c0 = dh * (G::kDh / 8);  // its first 16-byte chunk of a row
   const int gq = lane / 4, tq = lane % 4;
   const int kvh = blockIdx.y;
   const int row0 = blockIdx.x * kBM;
@@ -102,7 +118,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_prefill_kernel(PrefillP
   const int n_tiles = static_cast<int>((ke - kb + kBN - 1) / kBN);
 
   // This thread's two rows: their visible ranges (empty past n_rows).
-  const int ra = warp * 16 + gq, rb = ra + 8;
+  const int ra = rw * 16 + gq, rb = ra + 8;
   const int ta = (row0 + ra) / p.group - t0, tb = (row0 + rb) / p.group - t0;
   const int lo_a = ra < n_rows ? s_lo[ta] : 0, hi_a = ra < n_rows ? s_hi[ta] : 0;
   const int lo_b = rb < n_rows ? s_lo[tb] : 0, hi_b = rb < n_rows ? s_hi[tb] : 0;
@@ -130,13 +146,13 @@ __global__ void __launch_bounds__(kThreads, 2) attention_prefill_kernel(PrefillP
     }
   };
 
-  constexpr int kDn = HD / 8;  // n-tiles of O
+  constexpr int kDn = G::kDh / 8;  // n-tiles of this warp's O
   float o[kDn][4];
 #pragma unroll
   for (int d = 0; d < kDn; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
   // ldmatrix rows and swizzle keys of this lane: Q row qr; K rows kr, kr + 16 of a tile; V rows vr, vr + 16.
-  const int qr = warp * 16 + lane % 16, xq = (lane / 16) ^ (qr & 7);
+  const int qr = rw * 16 + lane % 16, xq = (lane / 16) ^ (qr & 7);
   const int kr = (lane / 16) * 8 + lane % 8, xk = ((lane / 8) % 2) ^ (lane % 8);
   const int vr = ((lane / 8) % 2) * 8 + lane % 8, xv = (lane / 16) ^ (lane % 8);
 
@@ -150,20 +166,36 @@ __global__ void __launch_bounds__(kThreads, 2) attention_prefill_kernel(PrefillP
     const bf16* sk = s_kv + (tile % kStages) * 2 * G::kTileElems;
     const bf16* sv = sk + G::kTileElems;
 
-    // S = Q K^T: 16 rows x 32 keys (four n-tiles).
+    // S = Q K^T: 16 rows x 32 keys (four n-tiles), over this warp's dims.
     float s[4][4] = {};
 #pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) {
+    for (int kk = 0; kk < G::kDh / 16; ++kk) {
       uint32_t a[4];
-      ldmatrix_x4(a, s_q + qr * HD + swz_even(2 * kk, xq));
+      ldmatrix_x4(a, s_q + qr * HD + swz_even(c0 + 2 * kk, xq));
 #pragma unroll
       for (int pj = 0; pj < 2; ++pj) {
         uint32_t b[4];
-        ldmatrix_x4(b, sk + (kr + 16 * pj) * HD + swz_even(2 * kk, xk));
+        ldmatrix_x4(b, sk + (kr + 16 * pj) * HD + swz_even(c0 + 2 * kk, xk));
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
         mma_bf16(s[2 * pj], a, b0);
         mma_bf16(s[2 * pj + 1], a, b1);
       }
+    }
+    if constexpr (G::kHalves > 1) {
+      // The pair's partial scores: write this warp's, wait for the pair (named barrier 1 + rw, its 64 threads),
+      // add the other's. The slots are rewritten only after the tile's closing __syncthreads.
+      float* swap = reinterpret_cast<float*>(smem + G::kSwapOffset);
+      float* mine = swap + warp * (16 * kBN);
+      const float* other = swap + (warp ^ kRowWarps) * (16 * kBN);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mine[(4 * j + e) * kWarp + lane] = s[j][e];
+      asm volatile("bar.sync %0, %1;" ::"r"(1 + rw), "r"(2 * kWarp) : "memory");
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] += other[(4 * j + e) * kWarp + lane];
     }
 
     // Mask, online softmax in base 2, P rounded to bf16 (packed as the A fragments of P V).
@@ -229,7 +261,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_prefill_kernel(PrefillP
 #pragma unroll
       for (int dq = 0; dq < kDn / 2; ++dq) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, sv + (vr + 16 * ks) * HD + swz_even(2 * dq, xv));
+        ldmatrix_x4_trans(b, sv + (vr + 16 * ks) * HD + swz_even(c0 + 2 * dq, xv));
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
         mma_bf16(o[2 * dq], a, b0);
         mma_bf16(o[2 * dq + 1], a, b1);
@@ -245,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_prefill_kernel(PrefillP
   bf16* out_b = rb < n_rows ? p.out + row_offset(rb) : nullptr;
 #pragma unroll
   for (int d = 0; d < kDn; ++d) {
-    const int col = 8 * d + 2 * tq;
+    const int col = dh * G::kDh + 8 * d + 2 * tq;
     if (out_a != nullptr)
       *reinterpret_cast<__nv_bfloat162*>(out_a + col) = __floats2bfloat162_rn(o[d][0] * inv_a, o[d][1] * inv_a);
     if (out_b != nullptr)
@@ -258,7 +290,7 @@ Status launch_hd(const PrefillParams& p, int64_t n_kv, cudaStream_t stream) {
   TANDEM_CUDA_TRY(allow_dynamic_smem<attention_prefill_kernel<HD>>(Geo<HD>::kSmem));  // over the 48 KB default
   const int64_t rows = static_cast<int64_t>(p.n_tok) * p.group;
   const dim3 grid(static_cast<unsigned>((rows + kBM - 1) / kBM), static_cast<unsigned>(n_kv));
-  launch_kernel(attention_prefill_kernel<HD>, grid, kThreads, Geo<HD>::kSmem, stream, p);
+  launch_kernel(attention_prefill_kernel<HD>, grid, Geo<HD>::kThreads, Geo<HD>::kSmem, stream, p);
   TANDEM_CUDA_TRY_LAUNCH();
   return ok_status();
 }
@@ -274,18 +306,30 @@ std::atomic<int>& mode_flag() {
   return mode;
 }
 
+std::atomic<bool>& wide_flag() {  // head dim 512
+  static std::atomic<bool> on{[] {
+    const char* e = std::getenv("TANDEM_ATTN_PREFILL_512");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }()};
+  return on;
+}
+
 }  // namespace
 
 void set_prefill_attention(PrefillAttention m) { mode_flag().store(static_cast<int>(m), std::memory_order_relaxed); }
 PrefillAttention prefill_attention() {
   return static_cast<PrefillAttention>(mode_flag().load(std::memory_order_relaxed));
 }
+void set_prefill_attention_512(bool on) { wide_flag().store(on, std::memory_order_relaxed); }
+bool prefill_attention_512() { return wide_flag().load(std::memory_order_relaxed); }
 
 bool attention_prefill_applies(const AttentionArgs& a) {
   const PrefillAttention mode = prefill_attention();
   if (mode == PrefillAttention::kOff || !tc_attention_operands_ok(a)) return false;
   const int64_t n_tok = a.q.shape[0], n_heads = a.q.shape[1], head_dim = a.q.shape[2], n_kv = a.kv.k.shape[0];
-  if ((head_dim != 64 && head_dim != 128 && head_dim != 256) || n_tok < kMinTokens) return false;
+  const bool dims_ok =
+      head_dim == 64 || head_dim == 128 || head_dim == 256 || (head_dim == 512 && prefill_attention_512());
+  if (!dims_ok || n_tok < kMinTokens) return false;
   const int64_t blocks = (n_tok * (n_heads / n_kv) + kBM - 1) / kBM * n_kv;
   return mode == PrefillAttention::kAlways || blocks >= kAutoMinBlocks;
 }
@@ -296,7 +340,10 @@ Status launch_attention_prefill(const AttentionArgs& a, cudaStream_t stream) {
   switch (p.head_dim) {
     case 64: return launch_hd<64>(p, n_kv, stream);
     case 128: return launch_hd<128>(p, n_kv, stream);
-    default: return launch_hd<256>(p, n_kv, stream);
+    case 256:
+      return launch_hd<256>(p, n_kv, stream);
+    default:
+      return launch_hd<512>(p, n_kv, stream);
   }
 }
 

@@ -82,6 +82,10 @@ Status launch_attention(const AttentionArgs& a, const Scratch& scratch, cudaStre
 enum class PrefillAttention : uint8_t { kOff, kAuto, kAlways };
 void set_prefill_attention(PrefillAttention m);
 PrefillAttention prefill_attention();
+// Head dim 512 (the full layers) on the flash kernel too, as the mode says: off by default until it has run on a GPU
+// (its decode-kernel path is tested there); TANDEM_ATTN_PREFILL_512=1 turns it on.
+void set_prefill_attention_512(bool on);
+bool prefill_attention_512();
 
 // moe.cu (moe_experts, grouped by expert, keeps its grouping tables and its f32 intermediates h [pairs, d_ff] and
 // y [pairs, d_model] in the scratch, in token chunks when they do not fit; launch sizes depend on n_tokens and k
