@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "backend/cuda/kernels.h"
@@ -238,14 +239,30 @@ TEST_F(CudaOps, AttentionDecodeTokenCounts) {
   }
 }
 
-// Sets the prompt-chunk attention mode for one test and restores the one before.
+// Sets the prompt-chunk attention mode (and whether it takes head dim 512) for one test and restores both.
 struct PrefillModeScope {
   cuda::PrefillAttention before = cuda::prefill_attention();
-  explicit PrefillModeScope(cuda::PrefillAttention m) { cuda::set_prefill_attention(m); }
-  ~PrefillModeScope() { cuda::set_prefill_attention(before); }
+  bool wide_before = cuda::prefill_attention_512();
+  explicit PrefillModeScope(cuda::PrefillAttention m, bool wide = cuda::prefill_attention_512()) {
+    cuda::set_prefill_attention(m);
+    cuda::set_prefill_attention_512(wide);
+  }
+  ~PrefillModeScope() {
+    cuda::set_prefill_attention(before);
+    cuda::set_prefill_attention_512(wide_before);
+  }
   PrefillModeScope(const PrefillModeScope&) = delete;
   PrefillModeScope& operator=(const PrefillModeScope&) = delete;
 };
+
+// Runs bf16 cases in order with seeds seed, seed + 3, ...; stops at the first fatal failure.
+void run_bf16_cases(cuda::CudaBackend& be, std::span<const AttnCase> cases, uint32_t seed) {
+  for (const AttnCase& c : cases) {
+    run_case(be, c, kBF16, kBF16, seed);
+    seed += 3;
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
 
 TEST_F(CudaOps, AttentionPrefillChunksOnTheTensorCores) {
   // bf16 prompt chunks on the decode kernel's tensor-core path (the flash kernel off): each 40-row block reads the
@@ -270,12 +287,7 @@ TEST_F(CudaOps, AttentionPrefillChunksOnTheTensorCores) {
       {.name = "non-causal window", .n_tok = 33, .n_heads = 4, .n_kv = 1, .head_dim = 64, .capacity = 100,
        .begin = 0, .end = 90, .ring = false, .window = 20, .causal = false, .scale = 0.2f},
   };
-  uint32_t seed = 1200;
-  for (const AttnCase& c : prompt_cases) {
-    run_case(be(), c, kBF16, kBF16, seed);
-    seed += 3;
-    if (HasFatalFailure()) return;
-  }
+  run_bf16_cases(be(), prompt_cases, 1200);
 }
 
 // The flash-attention prompt-chunk kernel (attention_prefill.cu), forced on for every chunk it takes (by default
@@ -306,24 +318,14 @@ TEST_F(CudaOps, AttentionPrefillKernelMatchesReference) {
       {.name = "device end", .n_tok = 48, .n_heads = 8, .n_kv = 2, .head_dim = 128, .capacity = 512, .begin = 0,
        .end = 400, .ring = false, .scale = 0.1f, .device_end = true, .host_end = 512},
   };
-  uint32_t seed = 1250;
-  for (const AttnCase& c : prompt_cases) {
-    run_case(be(), c, kBF16, kBF16, seed);
-    seed += 3;
-    if (HasFatalFailure()) return;
-  }
+  run_bf16_cases(be(), prompt_cases, 1250);
 }
 
 // The flash kernel at head dim 512 (the full layers; off by default: set_prefill_attention_512), where two warps
 // share 16 rows and swap their partial scores: GQA 8 with a last block of a few rows, a ring with a window, queries
 // before begin, out = q and the end read on the device.
 TEST_F(CudaOps, AttentionPrefillKernelHeadDim512MatchesReference) {
-  const PrefillModeScope scope(cuda::PrefillAttention::kAlways);
-  struct WideScope {
-    bool before = cuda::prefill_attention_512();
-    WideScope() { cuda::set_prefill_attention_512(true); }
-    ~WideScope() { cuda::set_prefill_attention_512(before); }
-  } wide;
+  const PrefillModeScope scope(cuda::PrefillAttention::kAlways, /*wide=*/true);
   std::vector<int32_t> before_begin(36);
   for (int32_t t = 0; t < 36; ++t) before_begin[static_cast<size_t>(t)] = 80 + 4 * t;  // 80..220, begin 100
   const AttnCase prompt_cases[] = {
@@ -338,12 +340,7 @@ TEST_F(CudaOps, AttentionPrefillKernelHeadDim512MatchesReference) {
       {.name = "hd512 device end", .n_tok = 33, .n_heads = 4, .n_kv = 2, .head_dim = 512, .capacity = 400,
        .begin = 0, .end = 300, .ring = false, .scale = 0.05f, .device_end = true, .host_end = 400},
   };
-  uint32_t seed = 1290;
-  for (const AttnCase& c : prompt_cases) {
-    run_case(be(), c, kBF16, kBF16, seed);
-    seed += 3;
-    if (HasFatalFailure()) return;
-  }
+  run_bf16_cases(be(), prompt_cases, 1290);
 }
 
 // Captures attention with a device kv_end into a CUDA graph at ends[0] (launch sized for the capacity), then

@@ -1,9 +1,9 @@
 // linear() on the GPU (ops.h LinearArgs: out[T, N] = alpha * x[T, K] @ w[N, K]^T (+ out)). One bf16 row (decode)
 // takes tandem's GEMV kernel (gemv.cu); for 2-9 rows (verify) each shape is timed once on the GEMV (where its
 // tensor-core kernel takes the shape, on the CUDA cores too) and on cuBLASLt, outside any graph capture, and the
-// fastest is kept (TANDEM_GEMV=1 forces the GEMV, =0 turns it off); other bf16 operands with 16-byte aligned rows go to cuBLASLt (fp32 compute, bf16
-// or f32 out, one cached plan per shape, a workspace per stream); anything else (odd K or N, f32 operands) to a plain
-// warp-per-output kernel, so every shape works.
+// fastest is kept (TANDEM_GEMV=1 forces the GEMV, =0 turns it off); other bf16 operands with 16-byte aligned rows go
+// to cuBLASLt (fp32 compute, bf16 or f32 out, one cached plan per shape, a workspace per stream); anything else (odd
+// K or N, f32 operands) to a plain warp-per-output kernel, so every shape works.
 #pragma once
 
 #include <cublasLt.h>

@@ -459,9 +459,10 @@ __global__ void __launch_bounds__(kWarpRows* kWarp)
 }
 
 // Whether a launch of n_tok tokens over rows of `head_dim` in geometry g (and every other row geometry equal to it)
-// takes norm_rope_rows_kernel.
+// takes norm_rope_rows_kernel: V = 8 and at most 64 chunks a row, so norm_geometry's n_active (one thread per
+// chunk, whole warps) is at most two warps.
 bool rows_kernel_takes(int64_t n_tok, int64_t head_dim, const NormGeometry& g) {
-  return n_tok >= kRowsMinTokens && g.v == 8 && head_dim <= 2 * 8 * kWarp && g.threads <= 2 * kWarp;
+  return n_tok >= kRowsMinTokens && g.v == 8 && head_dim <= 2 * 8 * kWarp;
 }
 
 template <class T>
@@ -525,7 +526,7 @@ Status kv_norm_write_typed(const KvNormWriteArgs& a, cudaStream_t stream) {
     qr.n_heads = a.q.shape[1];
     qr.rows = a.q.shape[0] * qr.n_heads;
   }
-  if (rows_kernel_takes(n_tok, head_dim, gk) && gv.v == 8 && gv.threads == gk.threads) {
+  if (rows_kernel_takes(n_tok, head_dim, gk) && gv.v == 8) {  // v has k's shape: the same geometry
     const int64_t all = qr.rows + 2 * rows;
     launch_kernel(norm_rope_rows_kernel<T>, static_cast<unsigned>((all + kWarpRows - 1) / kWarpRows), kWarpRows * kWarp,
                   0, stream, d, qr, static_cast<T*>(qr.q), static_cast<const T*>(w.k_new.data),
