@@ -193,10 +193,10 @@ bool bench_prefill_attention(CudaBackend& be, int iters) {
 }
 
 // moe_route + moe_experts at Gemma 4 26B-A4B's shapes (128 experts, top-8, d_model 2816, expert d_ff 704) for 1
-// (decode), 4 and 9 tokens (verify) and 128 (a prefill chunk, on the tensor cores). The bytes are the selected
-// experts' weights, each distinct expert once.
+// (decode), 4 and 9 tokens (verify), 128 and 1024 (prefill chunks, on the tensor cores: narrow tiles, then wide
+// ones, kernels.h set_moe_tc_wide). The bytes are the selected experts' weights, each distinct expert once.
 bool bench_moe(CudaBackend& be, int iters, double copy_gbs) {
-  const int64_t n_exp = 128, k = 8, d_model = 2816, d_ff = 704, max_tok = 128;
+  const int64_t n_exp = 128, k = 8, d_model = 2816, d_ff = 704, max_tok = 1024;
   const size_t gu_elems = static_cast<size_t>(n_exp * 2 * d_ff * d_model), dn_elems = static_cast<size_t>(n_exp * d_model * d_ff);
   Buffer gu = be.alloc(gu_elems * 2).value(), dn = be.alloc(dn_elems * 2).value();
   Buffer x = be.alloc(static_cast<size_t>(max_tok * d_model) * 2).value(), out = be.alloc(static_cast<size_t>(max_tok * d_model) * 2).value();
@@ -205,7 +205,7 @@ bool bench_moe(CudaBackend& be, int iters, double copy_gbs) {
   if (!fill_bf16(be, gu, gu_elems) || !fill_bf16(be, dn, dn_elems) || !fill_bf16(be, x, static_cast<size_t>(max_tok * d_model)) ||
       !fill_bf16(be, logits, static_cast<size_t>(max_tok * n_exp)) || !fill_bf16(be, pes, static_cast<size_t>(n_exp)))
     return false;
-  for (int64_t n_tok : {int64_t{1}, int64_t{4}, int64_t{9}, max_tok}) {
+  for (int64_t n_tok : {int64_t{1}, int64_t{4}, int64_t{9}, int64_t{128}, max_tok}) {
     const MoeRouteArgs route{.idx = idx.view(DType::kI32, {n_tok, k}), .weights = w.view(DType::kF32, {n_tok, k}),
                              .logits = logits.view(DType::kBF16, {n_tok, n_exp}),
                              .per_expert_scale = pes.view(DType::kBF16, {n_exp}), .k = static_cast<int>(k)};
@@ -217,13 +217,20 @@ bool bench_moe(CudaBackend& be, int iters, double copy_gbs) {
     if (!be.copy(hidx.data(), idx.data(), hidx.size() * 4, CopyKind::kDeviceToHost).ok() || !be.synchronize().ok()) return false;
     std::sort(hidx.begin(), hidx.end());
     const auto distinct = static_cast<double>(std::unique(hidx.begin(), hidx.end()) - hidx.begin());
-    const double ms = time_ms(be, 3, iters, [&] {
-      be.moe_route(route);
-      be.moe_experts(experts);
-    });
-    char label[96];
-    std::snprintf(label, sizeof label, "moe route+experts %lld tok (26B, %.0f experts)", static_cast<long long>(n_tok), distinct);
-    report(label, ms, distinct * 3.0 * static_cast<double>(d_ff * d_model) * 2.0, copy_gbs);
+    const cuda::MoeTcWide mode = cuda::moe_tc_wide();
+    for (const bool wide : {false, true}) {
+      if (wide && n_tok < max_tok / 8) break;  // the tensor-core tiles take chunks of 32 tokens or more
+      cuda::set_moe_tc_wide(wide ? cuda::MoeTcWide::kAlways : cuda::MoeTcWide::kOff);
+      const double ms = time_ms(be, 3, iters, [&] {
+        be.moe_route(route);
+        be.moe_experts(experts);
+      });
+      char label[96];
+      std::snprintf(label, sizeof label, "moe route+experts %lld tok (26B, %.0f experts%s)",
+                    static_cast<long long>(n_tok), distinct, wide ? ", wide" : "");
+      report(label, ms, distinct * 3.0 * static_cast<double>(d_ff * d_model) * 2.0, copy_gbs);
+    }
+    cuda::set_moe_tc_wide(mode);
   }
   return be.synchronize().ok();
 }

@@ -496,6 +496,59 @@ TEST_F(CudaOps, MoeExpertsTensorCoreTiles) {
   }
 }
 
+TEST_F(CudaOps, MoeExpertsWideTilesEqualNarrowBitwise) {
+  // The tensor-core tiles of 128 rows x 128 pairs (kernels.h set_moe_tc_wide) add every output's products in the
+  // same order as the 64 x 64 ones, so the outputs agree bit for bit. Experts serving fewer than 64, 64-128 and
+  // more than 128 pairs (two wide passes; a warp column with no pairs in the second), tokens repeating their
+  // routing (period 5), d_ff 32 (a wide gate/up tile half past the matrix), d_model 96 (a down tile past it), and
+  // Gemma 4 26B-A4B's expert shapes on 32 experts at 64 pairs each on average; the small case also against the
+  // reference.
+  struct Case {
+    int64_t n_exp, d_model, d_ff, n_tok, period;
+    int k;
+  };
+  const Case cases[] = {{16, 256, 128, 150, 0, 8}, {16, 256, 128, 300, 0, 8}, {16, 256, 128, 200, 5, 8},
+                        {8, 96, 32, 40, 0, 2},     {32, 2816, 704, 256, 0, 8}};
+  const cuda::MoeTcWide mode_before = cuda::moe_tc_wide();
+  uint32_t seed = 2200;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(strfmt("experts %lld d_model %lld d_ff %lld k %d, %lld tokens, period %lld",
+                        static_cast<long long>(c.n_exp), static_cast<long long>(c.d_model),
+                        static_cast<long long>(c.d_ff), c.k, static_cast<long long>(c.n_tok),
+                        static_cast<long long>(c.period)));
+    DeviceTensor gate_up(be(), kBF16, {c.n_exp, 2 * c.d_ff, c.d_model});
+    DeviceTensor down(be(), kBF16, {c.n_exp, c.d_model, c.d_ff});
+    DeviceTensor x(be(), kBF16, {c.n_tok, c.d_model}), idx(be(), kI32, {c.n_tok, c.k}), w(be(), kF32, {c.n_tok, c.k});
+    std::mt19937 rng(seed++);
+    fill_fast(gate_up.host(), seed++, 1.0 / std::sqrt(static_cast<double>(c.d_model)));
+    fill_fast(down.host(), seed++, 1.0 / std::sqrt(static_cast<double>(c.d_ff)));
+    x.host().fill_normal(rng, 1.f);
+    for (DeviceTensor* t : {&gate_up, &down, &x}) t->upload();
+    route_random(idx, w, c.n_exp, seed++, c.period);
+    if (c.n_tok == 300) {
+      EXPECT_GT(max_pairs_per_expert(idx.host(), c.n_exp), 128);  // two wide passes
+    }
+    std::vector<float> outs[2];
+    for (int wide : {0, 1}) {
+      cuda::set_moe_tc_wide(wide == 1 ? cuda::MoeTcWide::kAlways : cuda::MoeTcWide::kOff);
+      DeviceTensor out(be(), kBF16, {c.n_tok, c.d_model});
+      out.poison();
+      be().moe_experts({.out = out, .x = x, .gate_up = gate_up, .down = down, .idx = idx, .weights = w});
+      out.download();
+      for (int64_t i = 0; i < c.n_tok * c.d_model; ++i) outs[wide].push_back(out.host().get(i));
+      if (wide == 1 && c.n_tok == 150) {
+        expect_close(out.host(), reference_experts(gate_up, down, x, idx, w), tolerance_for(kBF16, /*is_linear=*/true));
+      }
+    }
+    cuda::set_moe_tc_wide(mode_before);
+    ASSERT_TRUE(be().last_error().ok()) << be().last_error().to_string();
+    for (int64_t i = 0; i < c.n_tok * c.d_model; ++i) {
+      const float a = outs[0][i], b = outs[1][i];
+      ASSERT_EQ(std::memcmp(&a, &b, sizeof a), 0) << "out " << i << ": " << a << " vs " << b;
+    }
+  }
+}
+
 TEST_F(CudaOps, MoeExpertsGraphReplay) {
   // Captured once, replayed after new routing, weights and inputs are written to the device: the launch sizes
   // depend on n_tokens and k only, and the grouping by expert happens on the device at every replay. The routings

@@ -99,6 +99,12 @@ size_t moe_experts_scratch_bytes(const MoeExpertsArgs& a);
 // either way) for launches of 2 or more tokens, one pair per pass. On unless TANDEM_MOE_STAGED=0.
 void set_moe_staged(bool on);
 bool moe_staged();
+// The tensor-core expert tiles (moe_tc.cu, prompt chunks): kOff (64 rows x 64 pairs), kAuto (128 x 128 when the
+// launch's expert slots average 48 pairs or more; TANDEM_MOE_TC_WIDE=1), kAlways (tests; =always). The same bits
+// every way. Off by default until it has run on a GPU.
+enum class MoeTcWide : uint8_t { kOff, kAuto, kAlways };
+void set_moe_tc_wide(MoeTcWide m);
+MoeTcWide moe_tc_wide();
 // gemv.cu: decode/verify products (1..9 bf16 rows, bf16 weights, K % 8 == 0, 16-byte aligned w and x).
 // set_weight_prefetch / weight_prefetch: whether the GEMV kernels request their first weight chunks before waiting for
 // the kernel before them (programmatic dependent launch; never for a LinearArgs with w_fresh). On unless

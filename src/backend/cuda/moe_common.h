@@ -38,7 +38,7 @@ struct MoeTables {
 // activations, d_model and d_ff multiples of 32, 16-byte aligned weights and x. gate_up writes h as bf16
 // [n_pairs, d_ff] (gate, up and h rounded to bf16 as in moe.cu, so bf16 storage loses nothing); down reads it and
 // writes y f32 [n_pairs, d_model] for moe.cu's combine kernel. One block per (row tile, expert slot), looping
-// over the slot's pairs 64 at a time.
+// over the slot's pairs 64 or 128 at a time (kernels.h set_moe_tc_wide).
 bool moe_tc_applies(const MoeShape& s, DType weights, DType act, const void* gate_up, const void* down, const void* x);
 Status launch_moe_tc_gate_up(__nv_bfloat16* h, const MoeTables& tab, const __nv_bfloat16* x,
                              const __nv_bfloat16* gate_up, const MoeShape& s, int64_t slots, cudaStream_t stream);
