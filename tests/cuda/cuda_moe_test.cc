@@ -251,6 +251,49 @@ void expect_experts_match(cuda::CudaBackend& be, const DeviceTensor& gate_up, co
   expect_close(out.host(), reference_experts(gate_up, down, x, idx, w), tolerance_for(x.t().dtype, /*is_linear=*/true));
 }
 
+// A moe_experts problem on the device: bf16 expert weights (fill_fast, ~1/sqrt(fan_in)), unit normal activations
+// of dtype act, and route_random's routing (period as there); seed advances past the seeds used.
+struct ExpertInputs {
+  DeviceTensor gate_up, down, x, idx, w;
+  ExpertInputs(cuda::CudaBackend& be, int64_t n_exp, int64_t d_model, int64_t d_ff, int64_t n_tok, int k,
+               int64_t period, DType act, uint32_t& seed)
+      : gate_up(be, kBF16, {n_exp, 2 * d_ff, d_model}),
+        down(be, kBF16, {n_exp, d_model, d_ff}),
+        x(be, act, {n_tok, d_model}),
+        idx(be, kI32, {n_tok, k}),
+        w(be, kF32, {n_tok, k}) {
+    fill_fast(gate_up.host(), seed++, 1.0 / std::sqrt(static_cast<double>(d_model)));
+    fill_fast(down.host(), seed++, 1.0 / std::sqrt(static_cast<double>(d_ff)));
+    std::mt19937 rng(seed++);
+    x.host().fill_normal(rng, 1.f);
+    for (DeviceTensor* t : {&gate_up, &down, &x}) t->upload();
+    route_random(idx, w, n_exp, seed++, period);
+  }
+};
+
+// moe_experts into a poisoned output, downloaded as floats; with check_reference, also compared with the reference.
+std::vector<float> run_experts(cuda::CudaBackend& be, ExpertInputs& in, bool check_reference = false) {
+  const int64_t n_tok = in.x.t().shape[0], d_model = in.x.t().shape[1];
+  DeviceTensor out(be, in.x.t().dtype, {n_tok, d_model});
+  out.poison();
+  be.moe_experts({.out = out, .x = in.x, .gate_up = in.gate_up, .down = in.down, .idx = in.idx, .weights = in.w});
+  out.download();
+  if (check_reference) {
+    expect_close(out.host(), reference_experts(in.gate_up, in.down, in.x, in.idx, in.w),
+                 tolerance_for(in.x.t().dtype, /*is_linear=*/true));
+  }
+  std::vector<float> v(static_cast<size_t>(n_tok * d_model));
+  for (int64_t i = 0; i < n_tok * d_model; ++i) v[static_cast<size_t>(i)] = out.host().get(i);
+  return v;
+}
+
+// Bit-for-bit equality of two runs' outputs.
+void expect_same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    ASSERT_EQ(std::memcmp(&a[i], &b[i], sizeof(float)), 0) << "out " << i << ": " << a[i] << " vs " << b[i];
+}
+
 TEST_F(CudaOps, MoeExpertsGemma26BShapes) {
   // Gemma 4 26B-A4B: top-8 of 128 experts, d_model 2816, expert d_ff 704, bf16 weights; decode (1 token, 8
   // distinct experts, one pair each) and verify sizes (4 and 9 tokens, some experts shared), bf16 and f32
@@ -300,36 +343,16 @@ TEST_F(CudaOps, MoeExpertsStagedEqualsRegisterPathBitwise) {
     SCOPED_TRACE(strfmt("d_model %lld d_ff %lld, %lld tokens (period %lld), act %s", static_cast<long long>(c.d_model),
                         static_cast<long long>(c.d_ff), static_cast<long long>(c.n_tok),
                         static_cast<long long>(c.period), dtype_name(c.act)));
-    DeviceTensor gate_up(be(), kBF16, {c.n_exp, 2 * c.d_ff, c.d_model}),
-        down(be(), kBF16, {c.n_exp, c.d_model, c.d_ff});
-    DeviceTensor x(be(), c.act, {c.n_tok, c.d_model}), idx(be(), kI32, {c.n_tok, c.k}), w(be(), kF32, {c.n_tok, c.k});
-    fill_fast(gate_up.host(), seed++, 1.0 / std::sqrt(static_cast<double>(c.d_model)));
-    fill_fast(down.host(), seed++, 1.0 / std::sqrt(static_cast<double>(c.d_ff)));
-    std::mt19937 rng(seed++);
-    x.host().fill_normal(rng, 1.f);
-    for (DeviceTensor* t : {&gate_up, &down, &x}) t->upload();
-    route_random(idx, w, c.n_exp, seed++, c.period);
-    const MoeExpertsArgs args{.out = {}, .x = x, .gate_up = gate_up, .down = down, .idx = idx, .weights = w};
+    ExpertInputs in(be(), c.n_exp, c.d_model, c.d_ff, c.n_tok, c.k, c.period, c.act, seed);
     std::vector<float> outs[2];
     for (int staged : {0, 1}) {
       cuda::set_moe_staged(staged == 1);
-      DeviceTensor out(be(), c.act, {c.n_tok, c.d_model});
-      out.poison();
-      MoeExpertsArgs a = args;
-      a.out = out;
-      be().moe_experts(a);
-      out.download();
-      for (int64_t i = 0; i < c.n_tok * c.d_model; ++i) outs[staged].push_back(out.host().get(i));
-      if (staged == 1 && c.n_tok == 9 && c.act == kBF16) {
-        expect_close(out.host(), reference_experts(gate_up, down, x, idx, w), tolerance_for(kBF16, /*is_linear=*/true));
-      }
+      outs[staged] = run_experts(be(), in, /*check_reference=*/staged == 1 && c.n_tok == 9 && c.act == kBF16);
     }
     cuda::set_moe_staged(staged_before);
     ASSERT_TRUE(be().last_error().ok()) << be().last_error().to_string();
-    for (int64_t i = 0; i < c.n_tok * c.d_model; ++i) {
-      const float a = outs[0][i], b = outs[1][i];
-      ASSERT_EQ(std::memcmp(&a, &b, sizeof a), 0) << "out " << i << ": " << a << " vs " << b;
-    }
+    expect_same_bits(outs[0], outs[1]);
+    if (HasFatalFailure()) return;
   }
 }
 
@@ -465,87 +488,46 @@ TEST_F(CudaOps, MoeExpertsChunkedTokens) {
 
 TEST_F(CudaOps, MoeExpertsTensorCoreTiles) {
   // Chunks of 32 or more tokens (bf16 weights and activations, d_model and d_ff multiples of 32) take the
-  // tensor-core kernels (moe_tc.cu): Gemma 4 26B-A4B's expert shapes for 32 tokens (top-2, to keep the host
-  // reference short); 150 tokens on 16 experts, so experts serve more than the 64 pairs of one pass; tokens
-  // repeating their routing (period 5); and d_ff 32 (one tile row of gate and up).
+  // tensor-core kernels (moe_tc.cu). The 64 x 64 tiles against the reference; the 128 x 128 tiles (kernels.h
+  // set_moe_tc_wide) add every output's products in the same order, so they must agree with them bit for bit.
+  // Gemma 4 26B-A4B's expert shapes for 32 tokens (top-2, to keep the host reference short) and on 32 experts at 64
+  // pairs each on average (no reference: too long on the host); 150 tokens on 16 experts (more than the 64 pairs of
+  // one narrow pass), 300 (more than 128: two wide passes, the second with a warp column of no pairs); tokens
+  // repeating their routing (period 5); d_ff 32 (a tile of gate and up rows partly past the matrix) with d_model 96
+  // (a wide down tile past it).
   struct Case {
     int64_t n_exp, d_model, d_ff, n_tok, period;
     int k;
+    bool reference;
   };
-  const Case cases[] = {{128, 2816, 704, 32, 0, 2}, {16, 256, 128, 150, 0, 8}, {16, 256, 128, 64, 5, 8},
-                        {8, 96, 32, 33, 0, 2}};
+  const Case cases[] = {{128, 2816, 704, 32, 0, 2, true}, {32, 2816, 704, 256, 0, 8, false},
+                        {16, 256, 128, 150, 0, 8, true},  {16, 256, 128, 300, 0, 8, true},
+                        {16, 256, 128, 64, 5, 8, true},   {16, 256, 128, 200, 5, 8, false},
+                        {8, 96, 32, 33, 0, 2, true},      {8, 96, 32, 40, 0, 2, false}};
+  const cuda::MoeTcWide mode_before = cuda::moe_tc_wide();
   uint32_t seed = 2100;
   for (const Case& c : cases) {
     SCOPED_TRACE(strfmt("experts %lld d_model %lld d_ff %lld k %d, %lld tokens, period %lld",
                         static_cast<long long>(c.n_exp), static_cast<long long>(c.d_model),
                         static_cast<long long>(c.d_ff), c.k, static_cast<long long>(c.n_tok),
                         static_cast<long long>(c.period)));
-    DeviceTensor gate_up(be(), kBF16, {c.n_exp, 2 * c.d_ff, c.d_model}), down(be(), kBF16, {c.n_exp, c.d_model, c.d_ff});
-    DeviceTensor x(be(), kBF16, {c.n_tok, c.d_model}), idx(be(), kI32, {c.n_tok, c.k}), w(be(), kF32, {c.n_tok, c.k});
-    std::mt19937 rng(seed++);
-    fill_fast(gate_up.host(), seed++, 1.0 / std::sqrt(static_cast<double>(c.d_model)));
-    fill_fast(down.host(), seed++, 1.0 / std::sqrt(static_cast<double>(c.d_ff)));
-    x.host().fill_normal(rng, 1.f);
-    for (DeviceTensor* t : {&gate_up, &down, &x}) t->upload();
-    route_random(idx, w, c.n_exp, seed++, c.period);
+    ExpertInputs in(be(), c.n_exp, c.d_model, c.d_ff, c.n_tok, c.k, c.period, kBF16, seed);
+    const int64_t most = max_pairs_per_expert(in.idx.host(), c.n_exp);
     if (c.n_tok == 150) {
-      EXPECT_GT(max_pairs_per_expert(idx.host(), c.n_exp), 64);  // more than one pass
+      EXPECT_GT(most, 64);
     }
-    expect_experts_match(be(), gate_up, down, x, idx, w);
-    if (HasFatalFailure()) return;
-  }
-}
-
-TEST_F(CudaOps, MoeExpertsWideTilesEqualNarrowBitwise) {
-  // The tensor-core tiles of 128 rows x 128 pairs (kernels.h set_moe_tc_wide) add every output's products in the
-  // same order as the 64 x 64 ones, so the outputs agree bit for bit. Experts serving fewer than 64, 64-128 and
-  // more than 128 pairs (two wide passes; a warp column with no pairs in the second), tokens repeating their
-  // routing (period 5), d_ff 32 (a wide gate/up tile half past the matrix), d_model 96 (a down tile past it), and
-  // Gemma 4 26B-A4B's expert shapes on 32 experts at 64 pairs each on average; the small case also against the
-  // reference.
-  struct Case {
-    int64_t n_exp, d_model, d_ff, n_tok, period;
-    int k;
-  };
-  const Case cases[] = {{16, 256, 128, 150, 0, 8}, {16, 256, 128, 300, 0, 8}, {16, 256, 128, 200, 5, 8},
-                        {8, 96, 32, 40, 0, 2},     {32, 2816, 704, 256, 0, 8}};
-  const cuda::MoeTcWide mode_before = cuda::moe_tc_wide();
-  uint32_t seed = 2200;
-  for (const Case& c : cases) {
-    SCOPED_TRACE(strfmt("experts %lld d_model %lld d_ff %lld k %d, %lld tokens, period %lld",
-                        static_cast<long long>(c.n_exp), static_cast<long long>(c.d_model),
-                        static_cast<long long>(c.d_ff), c.k, static_cast<long long>(c.n_tok),
-                        static_cast<long long>(c.period)));
-    DeviceTensor gate_up(be(), kBF16, {c.n_exp, 2 * c.d_ff, c.d_model});
-    DeviceTensor down(be(), kBF16, {c.n_exp, c.d_model, c.d_ff});
-    DeviceTensor x(be(), kBF16, {c.n_tok, c.d_model}), idx(be(), kI32, {c.n_tok, c.k}), w(be(), kF32, {c.n_tok, c.k});
-    std::mt19937 rng(seed++);
-    fill_fast(gate_up.host(), seed++, 1.0 / std::sqrt(static_cast<double>(c.d_model)));
-    fill_fast(down.host(), seed++, 1.0 / std::sqrt(static_cast<double>(c.d_ff)));
-    x.host().fill_normal(rng, 1.f);
-    for (DeviceTensor* t : {&gate_up, &down, &x}) t->upload();
-    route_random(idx, w, c.n_exp, seed++, c.period);
     if (c.n_tok == 300) {
-      EXPECT_GT(max_pairs_per_expert(idx.host(), c.n_exp), 128);  // two wide passes
+      EXPECT_GT(most, 128);
     }
     std::vector<float> outs[2];
     for (int wide : {0, 1}) {
       cuda::set_moe_tc_wide(wide == 1 ? cuda::MoeTcWide::kAlways : cuda::MoeTcWide::kOff);
-      DeviceTensor out(be(), kBF16, {c.n_tok, c.d_model});
-      out.poison();
-      be().moe_experts({.out = out, .x = x, .gate_up = gate_up, .down = down, .idx = idx, .weights = w});
-      out.download();
-      for (int64_t i = 0; i < c.n_tok * c.d_model; ++i) outs[wide].push_back(out.host().get(i));
-      if (wide == 1 && c.n_tok == 150) {
-        expect_close(out.host(), reference_experts(gate_up, down, x, idx, w), tolerance_for(kBF16, /*is_linear=*/true));
-      }
+      outs[wide] = run_experts(be(), in, /*check_reference=*/wide == 0 && c.reference);
     }
     cuda::set_moe_tc_wide(mode_before);
     ASSERT_TRUE(be().last_error().ok()) << be().last_error().to_string();
-    for (int64_t i = 0; i < c.n_tok * c.d_model; ++i) {
-      const float a = outs[0][i], b = outs[1][i];
-      ASSERT_EQ(std::memcmp(&a, &b, sizeof a), 0) << "out " << i << ": " << a << " vs " << b;
-    }
+    expect_same_bits(outs[0], outs[1]);
+    if (HasFatalFailure()) return;
   }
 }
 
