@@ -584,6 +584,84 @@ TEST_F(CudaOps, MoeExpertsGraphReplay) {
   be().release_graph(*graph);
 }
 
+// Sets set_moe_down_early for a scope and restores it after.
+struct DownEarlyScope {
+  bool before = cuda::moe_down_early();
+  explicit DownEarlyScope(bool on) { cuda::set_moe_down_early(on); }
+  ~DownEarlyScope() { cuda::set_moe_down_early(before); }
+};
+
+TEST_F(CudaOps, MoeExpertsOneTokenEarlyDownEqualsBitwise) {
+  // A decode step's down kernel with its expert's weights requested before the wait for gate/up (kernels.h
+  // set_moe_down_early) computes dot_rows' products in the same order: the same bits as without. Gemma 4 26B-A4B's
+  // shapes with bf16 and f32 activations, and the shortest and longest rows it takes (32 and 96 chunks).
+  struct Case {
+    int64_t n_exp, d_model, d_ff;
+    int k;
+    DType act;
+  };
+  const Case cases[] = {{128, 2816, 704, 8, kBF16}, {128, 2816, 704, 8, kF32}, {16, 512, 256, 4, kBF16},
+                        {16, 512, 768, 4, kBF16}};
+  uint32_t seed = 2400;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(strfmt("experts %lld d_model %lld d_ff %lld k %d, act %s", static_cast<long long>(c.n_exp),
+                        static_cast<long long>(c.d_model), static_cast<long long>(c.d_ff), c.k, dtype_name(c.act)));
+    ExpertInputs in(be(), c.n_exp, c.d_model, c.d_ff, /*n_tok=*/1, c.k, /*period=*/0, c.act, seed);
+    std::vector<float> outs[2];
+    for (int early : {0, 1}) {
+      const DownEarlyScope scope(early == 1);
+      outs[early] = run_experts(be(), in, /*check_reference=*/early == 1);
+    }
+    ASSERT_TRUE(be().last_error().ok()) << be().last_error().to_string();
+    expect_same_bits(outs[0], outs[1]);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_F(CudaOps, MoeEarlyDownReadsTheNewRoutingInAGraph) {
+  // The early down kernel reads the expert indices before its wait: moe_route writes them two kernels earlier
+  // (route, gate/up, down), so every replay of a captured route + experts must use that replay's routing. New
+  // router logits before each replay route the token to other experts; the output must match the reference for
+  // the routing the replay wrote.
+  const int64_t n_exp = 64, d_model = 512, d_ff = 704;
+  const int k = 8;
+  uint32_t seed = 2500;
+  ExpertInputs in(be(), n_exp, d_model, d_ff, /*n_tok=*/1, k, /*period=*/0, kBF16, seed);
+  DeviceTensor logits(be(), kBF16, {1, n_exp}), pes(be(), kBF16, {n_exp}), out(be(), kBF16, {1, d_model});
+  std::mt19937 rng(seed++);
+  pes.host().fill_uniform(rng, 0.5f, 1.5f);
+  pes.upload();
+  const DownEarlyScope scope(true);
+  auto step = [&] {
+    be().moe_route({.idx = in.idx, .weights = in.w, .logits = logits, .per_expert_scale = pes, .k = k});
+    be().moe_experts({.out = out, .x = in.x, .gate_up = in.gate_up, .down = in.down, .idx = in.idx, .weights = in.w});
+    return ok_status();
+  };
+  logits.host().fill_uniform(rng, -3.f, 3.f);
+  logits.upload();
+  ASSERT_TRUE(step().ok());  // eager first, as the engine runs a shape once before capturing it
+  Result<Backend::GraphId> graph = be().capture(step);
+  ASSERT_TRUE(graph.ok()) << graph.status().to_string();
+  std::vector<int32_t> last;
+  for (int replay = 0; replay < 4; ++replay) {
+    SCOPED_TRACE(strfmt("replay %d", replay));
+    logits.host().fill_uniform(rng, -3.f, 3.f);
+    logits.upload();
+    out.poison();
+    const Status replayed = be().replay(*graph);
+    ASSERT_TRUE(replayed.ok()) << replayed.to_string();
+    for (DeviceTensor* t : {&out, &in.idx, &in.w}) t->download();
+    std::vector<int32_t> now(static_cast<size_t>(k));
+    for (int j = 0; j < k; ++j) now[static_cast<size_t>(j)] = in.idx.host().geti(j);
+    EXPECT_NE(now, last);  // the routing moved
+    last = now;
+    expect_close(out.host(), reference_experts(in.gate_up, in.down, in.x, in.idx, in.w),
+                 tolerance_for(kBF16, /*is_linear=*/true));
+    if (HasFatalFailure()) break;
+  }
+  be().release_graph(*graph);
+}
+
 TEST_F(CudaOps, MoeUnsupportedDtypesAreRecordedNotFatal) {
   DeviceTensor logits(be(), DType::kF16, {2, 4}), pes(be(), kBF16, {4}), idx(be(), kI32, {2, 2}), w(be(), kF32, {2, 2});
   be().moe_route({.idx = idx, .weights = w, .logits = logits, .per_expert_scale = pes, .k = 2});

@@ -99,6 +99,10 @@ size_t moe_experts_scratch_bytes(const MoeExpertsArgs& a);
 // either way) for launches of 2 or more tokens, one pair per pass. On unless TANDEM_MOE_STAGED=0.
 void set_moe_staged(bool on);
 bool moe_staged();
+// Whether a decode step's expert down kernel requests its expert's weights before waiting for the gate/up kernel
+// (moe.cu moe_down_kernel EARLY; the same bits). Off by default until it has run on a GPU; TANDEM_MOE_EARLY=1.
+void set_moe_down_early(bool on);
+bool moe_down_early();
 // The tensor-core expert tiles (moe_tc.cu, prompt chunks): kOff (64 rows x 64 pairs), kAuto (128 x 128 when the
 // launch's expert slots average 48 pairs or more; TANDEM_MOE_TC_WIDE=1), kAlways (tests; =always). The same bits
 // every way. Off by default until it has run on a GPU.

@@ -357,25 +357,63 @@ __global__ void __launch_bounds__(THREADS, 2)
 // Block (row block blockIdx.x, expert slot blockIdx.y): y[pair, o] = D_e[o] . h[pair] for every pair of the slot's
 // expert (the grouping of moe_group_kernel). d_ff rows are short (704 values for 26B-A4B), so each warp streams its
 // own R rows of D_e; the block's kWarps * R rows are consecutive.
-template <class TW, class TX, int V, int R, int P, bool STAGED = false>
+// EARLY (one token, bf16 rows of kWarp..kEarlyChunks * kWarp chunks, set_moe_down_early): the expert index and
+// every weight chunk of the warp's rows are requested before the wait for the kernel before (gate_up, which writes
+// h). The index is moe_route's output, two kernels back: that kernel completed before gate_up got past its own
+// wait, and gate_up lets this kernel launch only after that wait, so the index is final; it is read from L2 (ld.cg),
+// never from a line an earlier layer's launch left in L1. The products are dot_rows' for P = 1, in its order.
+constexpr int kEarlyChunks = 3;  // 16-byte chunks per lane and row, all in flight at once
+
+template <class TW, class TX, int V, int R, int P, bool STAGED = false, bool EARLY = false>
 __global__ void __launch_bounds__(kThreads, 2)
     moe_down_kernel(float* __restrict__ y, MoeTables tab, const TX* __restrict__ h, const TW* __restrict__ down,
                     MoeShape s, const int32_t* __restrict__ one_token_idx) {
   static_assert(!STAGED || V == 8, "staged rows are 16-byte chunks");
-  pdl_enter();
+  static_assert(!EARLY || (V == 8 && P == 1 && !STAGED), "the early path is the one-token bf16 register path");
+  if constexpr (!EARLY) pdl_enter();
   extern __shared__ __align__(16) uint4 s_stage[];
   const int slot = blockIdx.y;
   const bool one = one_token_idx != nullptr;  // as in moe_gate_up_kernel: slot j is pair j, expert idx[j]
-  const int e = one ? one_token_idx[slot] : tab.expert[slot];
+  const int e = EARLY ? __ldcg(one_token_idx + slot) : one ? one_token_idx[slot] : tab.expert[slot];
   if (e < 0 || e >= s.n_exp) return;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * R;
   if (o0 >= s.d_model) return;  // no block-wide barriers here: a warp may leave alone
-  const int offset = one ? 0 : tab.offset[slot], count = one ? 1 : tab.count[slot];
   const TW* w[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) w[r] = down + (static_cast<int64_t>(e) * s.d_model + min(o0 + r, s.d_model - 1)) * s.d_ff;
   const int64_t n_chunks = s.d_ff / V;
+  if constexpr (EARLY) {
+    uint4 wc[kEarlyChunks][R];
+#pragma unroll
+    for (int u = 0; u < kEarlyChunks; ++u) {
+      if (u == 0 || lane + u * kWarp < n_chunks) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) wc[u][r] = load_weights<8>(w[r], lane + u * kWarp);
+      }
+    }
+    pdl_enter();
+    const TX* hr = h + static_cast<int64_t>(slot) * s.d_ff;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
+#pragma unroll
+    for (int u = 0; u < kEarlyChunks; ++u) {
+      const int64_t c = lane + u * kWarp;
+      if (u == 0 || c < n_chunks) {
+        const auto xc = load_act<8>(hr, c);
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = fma_chunk(wc[u][r], xc, acc[r]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float v = warp_sum(acc[r]);
+      if (lane == 0 && o0 + r < s.d_model) y[static_cast<int64_t>(slot) * s.d_model + o0 + r] = v;
+    }
+    return;
+  }
+  const int offset = one ? 0 : tab.offset[slot], count = one ? 1 : tab.count[slot];
   const int n_iter = static_cast<int>((n_chunks + kWarp - 1) / kWarp);
   uint4* s_warp_rows = s_stage + staged_bytes(warp, R, n_iter, kWarp) / sizeof(uint4);  // this warp's rows
   if constexpr (STAGED) stage_rows<kWarp>(s_warp_rows, w, n_chunks, n_iter, lane);
@@ -449,6 +487,10 @@ size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 std::atomic<bool>& staged_flag() {
   static std::atomic<bool> on{true};
+  return on;
+}
+std::atomic<bool>& down_early_flag() {
+  static std::atomic<bool> on{false};
   return on;
 }
 
@@ -644,6 +686,8 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
                          static_cast<unsigned>(slots));
       const int64_t dn_stage = staged_bytes(kWarps, r_dn, (s.d_ff / 8 + kWarp - 1) / kWarp, kWarp);
       const bool dn_staged = staged && vec_down && dn_stage <= kMaxStagedBytes;
+      const int64_t dn_chunks = s.d_ff / 8;
+      const bool dn_early = one && moe_down_early() && dn_chunks >= kWarp && dn_chunks <= kEarlyChunks * kWarp;
       with_rows_pairs(r_dn, pairs_per_pass, [&](auto rt, auto pt) {
         constexpr int R = decltype(rt)::value, P = decltype(pt)::value;
         if (vec_down) {
@@ -651,6 +695,9 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
             if (dn_staged) {
               launch_staged<moe_down_kernel<TW, TX, 8, R, P, true>>(dn_grid, kThreads, dn_stage, stream, y, tab,
                                                                     static_cast<const TX*>(h), down, s, one_idx);
+            } else if (P == 1 && dn_early) {
+              launch_kernel(moe_down_kernel<TW, TX, 8, R, 1, false, true>, dn_grid, kThreads, 0, stream, y, tab,
+                            static_cast<const TX*>(h), down, s, one_idx);
             } else {
               launch_kernel(moe_down_kernel<TW, TX, 8, R, P>, dn_grid, kThreads, 0, stream, y, tab,
                             static_cast<const TX*>(h), down, s, one_idx);
@@ -675,6 +722,8 @@ Status experts_typed(const MoeExpertsArgs& a, const Scratch& scratch, cudaStream
 
 void set_moe_staged(bool on) { staged_flag().store(on, std::memory_order_relaxed); }
 bool moe_staged() { return staged_flag().load(std::memory_order_relaxed); }
+void set_moe_down_early(bool on) { down_early_flag().store(on, std::memory_order_relaxed); }
+bool moe_down_early() { return down_early_flag().load(std::memory_order_relaxed); }
 
 size_t moe_experts_scratch_bytes(const MoeExpertsArgs& a) {
   if (a.gate_up.ndim != 3 || a.idx.ndim < 1) return 0;
