@@ -52,17 +52,21 @@ for arch in ${GPU_LAB_ARCHS:-gemma4-e2b gemma4-e4b gemma4-26b-a4b gemma4-31b}; d
   run_step "bench $arch" 60 "bench_$arch.txt" $B/tandem bench --device cuda --arch "$arch" --iters 10 --max-k 8 \
     --profile --trace --results "$work/logs/RESULTS-gpu.md"
 done
-# Long prompts: GPU_LAB_PREFILL lists "arch:tokens" entries (default: 26B-A4B at 2048 tokens, whose MoE prefill
-# runs on the tensor cores), benched with that --context, no drafter and one verify size (the prefill row counts).
-for pf in ${GPU_LAB_PREFILL-gemma4-26b-a4b:2048}; do
+# Long prompts: GPU_LAB_PREFILL lists "arch:tokens" entries (default none: GPU_LAB_LONG times 4096-token prompts),
+# benched with that --context, no drafter and one verify size (the prefill row counts).
+for pf in ${GPU_LAB_PREFILL-}; do
   run_step "prefill ${pf%%:*} ${pf#*:} tokens" 30 "bench_prefill_${pf%%:*}_${pf#*:}.txt" $B/tandem bench --device cuda \
     --arch "${pf%%:*}" --context "${pf#*:}" --iters 3 --max-k 1 --no-draft --results "$work/logs/RESULTS-gpu.md"
 done
-# Serving-sized KV caches: GPU_LAB_LONG lists "arch:context:capacity[:VAR=VALUE]" entries (default: E4B after 128 and
-# 4096 prompt tokens in an 8192-position cache), benched with --context and --kv-capacity, so the graphs' attention
-# launches are sized as a server's with that context would be, and the long prompt's prefill is timed; the optional
-# setting runs that bench with one environment switch flipped, for an A/B beside the entry without it ("" skips it).
-for lc in ${GPU_LAB_LONG-gemma4-e4b:128:8192 gemma4-e4b:4096:8192}; do
+# Serving-sized KV caches: GPU_LAB_LONG lists "arch:context:capacity[:VAR=VALUE]" entries, benched with --context and
+# --kv-capacity, so the graphs' attention launches are sized as a server's with that context would be, and the long
+# prompt's prefill is timed; the optional setting runs that bench with one environment switch flipped, for an A/B
+# beside the entry without it ("" skips them all). Default: 26B-A4B and 31B after 4096 prompt tokens in an
+# 8192-position cache, each also with the prefill switch that has not yet been timed on a GPU (the wide MoE tiles;
+# the flash kernel at head dim 512).
+long_default="gemma4-26b-a4b:4096:8192 gemma4-26b-a4b:4096:8192:TANDEM_MOE_TC_WIDE=1 gemma4-31b:4096:8192"
+long_default+=" gemma4-31b:4096:8192:TANDEM_ATTN_PREFILL_512=1"
+for lc in ${GPU_LAB_LONG-$long_default}; do
   IFS=: read -r lc_arch lc_ctx lc_cap lc_env <<<"$lc"
   run_step "bench $lc_arch, $lc_ctx of $lc_cap positions${lc_env:+, $lc_env}" 40 \
     "bench_long_${lc_arch}_${lc_ctx}_${lc_cap}${lc_env:+_${lc_env//[^A-Za-z0-9_]/_}}.txt" \
@@ -81,12 +85,12 @@ if [ -n "$disk_arch" ]; then
 fi
 
 # A/B benches of the latest switches: the same bench with one environment setting flipped, without the profile.
-# GPU_LAB_AB lists "arch:VAR=VALUE" entries (default: programmatic dependent launch off on E2B); the older
-# GPU_LAB_AB_ENV / GPU_LAB_AB_ARCH pair still gives one entry.
+# GPU_LAB_AB lists "arch:VAR=VALUE" entries (default: the early expert down kernel on 26B-A4B, not yet timed on a
+# GPU); the older GPU_LAB_AB_ENV / GPU_LAB_AB_ARCH pair still gives one entry.
 ab_list=${GPU_LAB_AB-}
 if [ -z "$ab_list" ]; then
-  ab_env=${GPU_LAB_AB_ENV-TANDEM_PDL=0}
-  [ -n "$ab_env" ] && ab_list="${GPU_LAB_AB_ARCH:-gemma4-e2b}:$ab_env"
+  ab_env=${GPU_LAB_AB_ENV-TANDEM_MOE_EARLY=1}
+  [ -n "$ab_env" ] && ab_list="${GPU_LAB_AB_ARCH:-gemma4-26b-a4b}:$ab_env"
 fi
 for ab in $ab_list; do
   ab_arch=${ab%%:*}
