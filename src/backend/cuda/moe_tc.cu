@@ -35,9 +35,10 @@ constexpr int kChunksPerRow = kBK / 8;  // 16-byte copies per tile row and stage
 // A block's tile: BM weight rows (gate_up: BM / 2 gate + the same BM / 2 up rows) x BN pairs per pass, warps in a
 // WARPS_M x WARPS_N grid, each warp WM rows x WN pairs, STAGES k-steps of kBK in the cp.async pipeline. The
 // pipeline's buffers become the epilogue's f32 staging; the pass's pair list follows them.
-template <int BM_, int BN_, int WARPS_M_, int WARPS_N_, int STAGES_>
+template <int BM_, int BN_, int WARPS_M_, int WARPS_N_, int STAGES_, int MIN_BLOCKS_>
 struct Geo {
   static constexpr int BM = BM_, BN = BN_, WARPS_M = WARPS_M_, WARPS_N = WARPS_N_, STAGES = STAGES_;
+  static constexpr int kMinBlocks = MIN_BLOCKS_;  // resident blocks per SM the registers must allow
   static constexpr int kWarps = WARPS_M * WARPS_N, kThreads = kWarps * kWarp;
   static constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
   static constexpr int MI = WM / 16, NJ = WN / 8;  // m16 A fragments and n8 accumulator tiles per warp
@@ -52,8 +53,8 @@ struct Geo {
                 "every thread copies the same number of chunks");
   static_assert(BN <= kThreads, "one thread per pair writes the pass's list");
 };
-using Narrow = Geo<64, 64, 4, 1, 3>;  // 4 warps of 16 rows x 64 pairs
-using Wide = Geo<128, 128, 4, 2, 4>;  // 8 warps of 32 rows x 64 pairs
+using Narrow = Geo<64, 64, 4, 1, 3, 5>;  // 4 warps of 16 rows x 64 pairs; five blocks per SM (96 registers)
+using Wide = Geo<128, 128, 4, 2, 4, 2>;  // 8 warps of 32 rows x 64 pairs; two blocks (164 KB) per SM
 
 enum class Part { kGateUp, kDown };
 
@@ -75,7 +76,7 @@ __device__ __forceinline__ const bf16* weight_row(const bf16* w, int e, int r, c
 // Every output is the same sum in the same order whatever the geometry (k16 steps from 0 up, one mma each), so
 // the geometries give the same bits.
 template <Part P, class G>
-__global__ void __launch_bounds__(G::kThreads)
+__global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
     moe_tc_kernel(void* __restrict__ out, MoeTables tab, const bf16* __restrict__ act, const bf16* __restrict__ w,
                   MoeShape s) {
   constexpr int BM = G::BM, BN = G::BN, MI = G::MI, NJ = G::NJ, kStages = G::STAGES;
@@ -148,7 +149,8 @@ __global__ void __launch_bounds__(G::kThreads)
       cp_async_commit();
       const bf16* a_tile = s_a + (kt % kStages) * kAStage;
       const bf16* b_tile = s_b + (kt % kStages) * kBStage;
-      if (wn0 >= np) continue;  // warp-uniform: all of this warp's pairs are past the pass's last (never written)
+      // Warp-uniform: all of this warp's pairs are past the pass's last (their columns are never written).
+      if (G::WARPS_N > 1 && wn0 >= np) continue;
 #pragma unroll
       for (int ks = 0; ks < kBK; ks += 16) {
         uint32_t a[MI][4];
