@@ -361,7 +361,9 @@ __global__ void __launch_bounds__(THREADS, 2)
 // every weight chunk of the warp's rows are requested before the wait for the kernel before (gate_up, which writes
 // h). The index is moe_route's output, two kernels back: that kernel completed before gate_up got past its own
 // wait, and gate_up lets this kernel launch only after that wait, so the index is final; it is read from L2 (ld.cg),
-// never from a line an earlier layer's launch left in L1. The products are dot_rows' for P = 1, in its order.
+// never from a line an earlier layer's launch left in L1. The products are dot_rows' for P = 1, in its order. (An L2
+// prefetch hint for these rows gave nothing, bench/RESULTS.md run V; here the chunks land in registers, as the GEMV's
+// early weights do.)
 constexpr int kEarlyChunks = 3;  // 16-byte chunks per lane and row, all in flight at once
 
 template <class TW, class TX, int V, int R, int P, bool STAGED = false, bool EARLY = false>
