@@ -219,7 +219,7 @@ bool bench_moe(CudaBackend& be, int iters, double copy_gbs) {
     const auto distinct = static_cast<double>(std::unique(hidx.begin(), hidx.end()) - hidx.begin());
     const cuda::MoeTcWide mode = cuda::moe_tc_wide();
     for (const bool wide : {false, true}) {
-      if (wide && n_tok < max_tok / 8) break;  // the tensor-core tiles take chunks of 32 tokens or more
+      if (wide && n_tok < 128) break;  // a second row, wide tiles, for the prefill-sized chunks only (128, 1024)
       cuda::set_moe_tc_wide(wide ? cuda::MoeTcWide::kAlways : cuda::MoeTcWide::kOff);
       const double ms = time_ms(be, 3, iters, [&] {
         be.moe_route(route);

@@ -94,7 +94,8 @@ __device__ __forceinline__ KvRange ranges_union(const int* s_lo, const int* s_hi
 bool attention_decode_applies(const AttentionArgs& a);
 
 // Whether the prompt-chunk kernel takes this op (prefill_attention()'s mode, bf16, 32+ tokens, head_dim 64 / 128 /
-// 256, 16-byte aligned K/V rows), and its launch (no split of the keys, no workspace). (attention_prefill.cu)
+// 256, or 512 with prefill_attention_512(), 16-byte aligned K/V rows), and its launch (no split of the keys, no
+// workspace). (attention_prefill.cu)
 bool attention_prefill_applies(const AttentionArgs& a);
 Status launch_attention_prefill(const AttentionArgs& a, cudaStream_t stream);
 
