@@ -198,8 +198,14 @@ __global__ void __launch_bounds__(Geo<HD>::kThreads, 2 / Geo<HD>::kHalves) atten
         for (int e = 0; e < 4; ++e) s[j][e] += other[(4 * j + e) * kWarp + lane];
     }
 
-    // Mask, online softmax in base 2, P rounded to bf16 (packed as the A fragments of P V).
+    // Mask, online softmax in base 2, P rounded to bf16 (packed as the A fragments of P V). A tile whose keys every
+    // row of the warp sees (rows past n_rows count as seeing them: their scores are finite and never written) skips
+    // the per-key test, and then every score is finite, which the exponentials' -inf tests need not check: the same
+    // values either way.
     const int64_t key0 = kb + static_cast<int64_t>(tile) * kBN;
+    const bool sees_all = (ra >= n_rows || (key0 >= lo_a && key0 + kBN <= hi_a)) &&
+                          (rb >= n_rows || (key0 >= lo_b && key0 + kBN <= hi_b));
+    const bool whole = __all_sync(0xffffffffu, sees_all);
     float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
     for (int j = 0; j < 4; ++j)
@@ -207,7 +213,7 @@ __global__ void __launch_bounds__(Geo<HD>::kThreads, 2 / Geo<HD>::kHalves) atten
       for (int e = 0; e < 4; ++e) {
         const int64_t key = key0 + 8 * j + 2 * tq + (e & 1);
         const bool row_b = e >= 2;
-        const bool vis = row_b ? key >= lo_b && key < hi_b : key >= lo_a && key < hi_a;
+        const bool vis = whole || (row_b ? key >= lo_b && key < hi_b : key >= lo_a && key < hi_a);
         s[j][e] = vis ? s[j][e] * p.scale_log2 : -INFINITY;
         if (row_b) {
           mx_b = fmaxf(mx_b, s[j][e]);
@@ -229,10 +235,10 @@ __global__ void __launch_bounds__(Geo<HD>::kThreads, 2 / Geo<HD>::kHalves) atten
     float sum_a = 0.f, sum_b = 0.f;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const float p0 = s[j][0] == -INFINITY ? 0.f : exp2f(s[j][0] - mn_a);
-      const float p1 = s[j][1] == -INFINITY ? 0.f : exp2f(s[j][1] - mn_a);
-      const float p2 = s[j][2] == -INFINITY ? 0.f : exp2f(s[j][2] - mn_b);
-      const float p3 = s[j][3] == -INFINITY ? 0.f : exp2f(s[j][3] - mn_b);
+      const float p0 = !whole && s[j][0] == -INFINITY ? 0.f : exp2f(s[j][0] - mn_a);
+      const float p1 = !whole && s[j][1] == -INFINITY ? 0.f : exp2f(s[j][1] - mn_a);
+      const float p2 = !whole && s[j][2] == -INFINITY ? 0.f : exp2f(s[j][2] - mn_b);
+      const float p3 = !whole && s[j][3] == -INFINITY ? 0.f : exp2f(s[j][3] - mn_b);
       const __nv_bfloat162 h01 = __floats2bfloat162_rn(p0, p1), h23 = __floats2bfloat162_rn(p2, p3);
       sum_a += __low2float(h01) + __high2float(h01);
       sum_b += __low2float(h23) + __high2float(h23);
@@ -246,12 +252,15 @@ __global__ void __launch_bounds__(Geo<HD>::kThreads, 2 / Geo<HD>::kHalves) atten
     }
     l_a = l_a * c_a + sum_a;
     l_b = l_b * c_b + sum_b;
+    // Once the rows' maxima settle, the factors are 1 and O stays as it is (x * 1 is x): the warp skips the scaling.
+    if (__any_sync(0xffffffffu, c_a != 1.f || c_b != 1.f)) {
 #pragma unroll
-    for (int d = 0; d < kDn; ++d) {
-      o[d][0] *= c_a;
-      o[d][1] *= c_a;
-      o[d][2] *= c_b;
-      o[d][3] *= c_b;
+      for (int d = 0; d < kDn; ++d) {
+        o[d][0] *= c_a;
+        o[d][1] *= c_a;
+        o[d][2] *= c_b;
+        o[d][3] *= c_b;
+      }
     }
 
     // O += P V: two k-steps of 16 keys; V^T fragments by transposed ldmatrix, two dim n-tiles per load.
