@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -134,8 +135,9 @@ bool bench_attention(CudaBackend& be, int iters, double copy_gbs) {
 // sliding layers' shapes of E2B (8 query heads on 1 KV head, window 512), E4B (8 on 2), 26B-A4B (16 on 8, window
 // 1024) and 31B (32 on 16), E2B's shape without a window and 31B's full layer (32 on 4, head dim 512), each on the
 // decode kernel's tensor-core path (attention_decode.cu; the prefill kernel off) and on the flash-attention kernel
-// (attention_prefill.cu, forced on, head dim 512 included), with the flash launch's block count: the figures behind
-// PrefillAttention::kAuto's threshold. TFLOP/s counts the two products of every visible (query, key) pair.
+// (attention_prefill.cu, forced on, head dim 512 included) in its mma.sync form and, up to head dim 256, its wgmma
+// form, with the flash launch's block count: the figures behind PrefillAttention::kAuto's threshold and the wgmma
+// switch. TFLOP/s counts the two products of every visible (query, key) pair.
 bool bench_prefill_attention(CudaBackend& be, int iters) {
   struct Shape {
     const char* label;
@@ -146,9 +148,10 @@ bool bench_prefill_attention(CudaBackend& be, int iters) {
                           {"E2B full", 8, 1, 256, 0},        {"31B full", 32, 4, 512, 0}};
   constexpr int64_t kCtx = 4096, kMaxTok = 1024;
   const cuda::PrefillAttention mode = cuda::prefill_attention();
-  const bool wide = cuda::prefill_attention_512();
+  const bool wide = cuda::prefill_attention_512(), wg = cuda::prefill_attention_wgmma();
   cuda::set_prefill_attention_512(true);  // the flash kernel's head dim 512 too (off by default)
-  std::printf("\n%-44s %10s %10s %10s %12s\n", "prompt-chunk attention", "blocks", "tc ms", "flash ms", "flash/tc");
+  std::printf("\n%-52s %7s %8s %9s %9s %9s %9s\n", "prompt-chunk attention", "blocks", "tc ms", "flash ms", "flash/tc",
+              "wgmma ms", "wgmma/tc");
   for (const Shape& sh : shapes) {
     const size_t kv_elems = static_cast<size_t>(sh.n_kv * kCtx * sh.head_dim);
     const size_t q_elems = static_cast<size_t>(kMaxTok * sh.n_heads * sh.head_dim);
@@ -173,22 +176,27 @@ bool bench_prefill_attention(CudaBackend& be, int iters) {
                                       .end = kCtx},
                                .q_pos = pos.view(DType::kI32, {n_tok}),
                                .window = sh.window};
-      double ms[2];
-      for (int flash = 0; flash < 2; ++flash) {
-        cuda::set_prefill_attention(flash ? cuda::PrefillAttention::kAlways : cuda::PrefillAttention::kOff);
-        ms[flash] = time_ms(be, 2, iters, [&] { be.attention(args); });
+      double ms[3] = {0, 0, 0};  // decode kernel, flash (mma.sync), flash (wgmma)
+      const int variants = sh.head_dim <= 256 ? 3 : 2;
+      for (int i = 0; i < variants; ++i) {
+        cuda::set_prefill_attention(i > 0 ? cuda::PrefillAttention::kAlways : cuda::PrefillAttention::kOff);
+        cuda::set_prefill_attention_wgmma(i == 2);
+        ms[i] = time_ms(be, 2, iters, [&] { be.attention(args); });
       }
       const int64_t blocks = (n_tok * (sh.n_heads / sh.n_kv) + 63) / 64 * sh.n_kv;  // the flash kernel's grid
       const double flops = 4.0 * pairs * static_cast<double>(sh.n_heads * sh.head_dim);
-      char label[96];
-      std::snprintf(label, sizeof label, "%s, %lld tokens (flash %.0f TFLOP/s)", sh.label,
-                    static_cast<long long>(n_tok), flops / (ms[1] * 1e9));
-      std::printf("%-44s %10lld %10.3f %10.3f %12.2f\n", label, static_cast<long long>(blocks), ms[0], ms[1],
-                  ms[1] / ms[0]);
+      char label[112], wg_cols[40] = "        -         -";
+      std::snprintf(label, sizeof label, "%s, %lld tokens (flash %.0f%s TFLOP/s)", sh.label,
+                    static_cast<long long>(n_tok), flops / (ms[1] * 1e9),
+                    variants > 2 ? (" / " + std::to_string(static_cast<int>(flops / (ms[2] * 1e9)))).c_str() : "");
+      if (variants > 2) std::snprintf(wg_cols, sizeof wg_cols, "%9.3f %9.2f", ms[2], ms[2] / ms[0]);
+      std::printf("%-52s %7lld %8.3f %9.3f %9.2f %s\n", label, static_cast<long long>(blocks), ms[0], ms[1],
+                  ms[1] / ms[0], wg_cols);
     }
   }
   cuda::set_prefill_attention(mode);
   cuda::set_prefill_attention_512(wide);
+  cuda::set_prefill_attention_wgmma(wg);
   return be.synchronize().ok();
 }
 

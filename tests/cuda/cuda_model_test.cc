@@ -528,9 +528,12 @@ TEST_F(CudaModelDemo, FlashPrefillMatchesTheDecodeKernel) {
   // (attention_prefill.cu, forced on; by default it takes only launches of 64 blocks or more, which no fixture
   // model's chunk reaches) and on the decode kernel's tensor-core path: two bf16 kernels that add the same products
   // in different orders, so the logits agree to bf16 noise, not bit for bit. Window 128 < 160: sliding layers mask.
-  auto logits = [&](cuda::PrefillAttention mode) {
+  // The flash kernel in both its forms (mma.sync; wgmma on Hopper).
+  auto logits = [&](cuda::PrefillAttention mode, bool wgmma) {
     const cuda::PrefillAttention before = cuda::prefill_attention();
+    const bool wg_before = cuda::prefill_attention_wgmma();
     cuda::set_prefill_attention(mode);
+    cuda::set_prefill_attention_wgmma(wgmma);
     std::vector<int32_t> tokens(160);
     uint32_t s = 7;
     for (int32_t& t : tokens) t = static_cast<int32_t>(3 + (s = s * 1664525u + 1013904223u) % 2000);
@@ -545,28 +548,33 @@ TEST_F(CudaModelDemo, FlashPrefillMatchesTheDecodeKernel) {
       if (st.ok()) got = to_host(target_->backend(), out.logits);
     }
     cuda::set_prefill_attention(before);
+    cuda::set_prefill_attention_wgmma(wg_before);
     return got;
   };
-  const std::vector<float> flash = logits(cuda::PrefillAttention::kAlways), tc = logits(cuda::PrefillAttention::kOff);
-  const int64_t V = target_->text().n_vocab, T = 160;
-  ASSERT_EQ(static_cast<int64_t>(flash.size()), T * V);
-  ASSERT_EQ(tc.size(), flash.size());
-  std::vector<double> err;
-  int64_t agree = 0;
-  for (int64_t t = 0; t < T; ++t) {
-    const float* f = flash.data() + t * V;
-    const float* g = tc.data() + t * V;
-    ASSERT_TRUE(std::all_of(f, f + V, [](float v) { return std::isfinite(v); })) << "position " << t;
-    err.push_back(rel_l2(f, g, static_cast<size_t>(V)));
-    agree += argmax_of(f, V) == argmax_of(g, V);
+  const std::vector<float> tc = logits(cuda::PrefillAttention::kOff, false);
+  for (const bool wgmma : {false, true}) {
+    const std::vector<float> flash = logits(cuda::PrefillAttention::kAlways, wgmma);
+    const int64_t V = target_->text().n_vocab, T = 160;
+    ASSERT_EQ(static_cast<int64_t>(flash.size()), T * V);
+    ASSERT_EQ(tc.size(), flash.size());
+    std::vector<double> err;
+    int64_t agree = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const float* f = flash.data() + t * V;
+      const float* g = tc.data() + t * V;
+      ASSERT_TRUE(std::all_of(f, f + V, [](float v) { return std::isfinite(v); })) << "position " << t;
+      err.push_back(rel_l2(f, g, static_cast<size_t>(V)));
+      agree += argmax_of(f, V) == argmax_of(g, V);
+    }
+    std::printf(
+        "[bf16 demo] cuda flash prefill (%s) vs decode kernel, 160 tokens: rel-L2 median %.4f q7/8 %.4f max %.4f, "
+        "argmax equal at %lld/%lld\n",
+        wgmma ? "wgmma" : "mma.sync", median(err), quantile(err, 0.875), quantile(err, 1.0),
+        static_cast<long long>(agree), static_cast<long long>(T));
+    EXPECT_LE(median(err), 0.03) << (wgmma ? "wgmma" : "mma.sync");
+    EXPECT_LE(quantile(err, 0.875), 0.06);
+    EXPECT_GE(agree, T - T / 10);
   }
-  std::printf(
-      "[bf16 demo] cuda flash prefill vs decode kernel, 160 tokens: rel-L2 median %.4f q7/8 %.4f max %.4f, "
-      "argmax equal at %lld/%lld\n",
-      median(err), quantile(err, 0.875), quantile(err, 1.0), static_cast<long long>(agree), static_cast<long long>(T));
-  EXPECT_LE(median(err), 0.03);
-  EXPECT_LE(quantile(err, 0.875), 0.06);
-  EXPECT_GE(agree, T - T / 10);
 }
 
 TEST_F(CudaModelDemo, SampledSpeculativeFollowsPlainSampling) {

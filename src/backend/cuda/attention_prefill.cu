@@ -22,6 +22,7 @@
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/warp_mma.cuh"
+#include "backend/cuda/wgmma.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -44,8 +45,11 @@ constexpr int64_t kAutoMinBlocks = 64;
 // bit for bit, so both warps hold the same scores and run the same softmax), then each multiplies P by its half of V.
 // Shared memory: Q [kBM][HD] | stages x (K [kBN][HD] | V [kBN][HD]) | token ranges | (at 512) the warps' partial
 // scores. Rows are 16-byte chunks XOR-swizzled by the row's low three bits, so ldmatrix's eight rows hit distinct
-// banks.
-template <int HD>
+// banks. kWg (Hopper, head dims 64-256): the four warps are one warpgroup whose wgmma instructions read Q, K and V
+// straight from shared memory (each K and V tile once for all 64 rows, where ldmatrix reads it once per warp); the
+// tiles are then stored as 64-column blocks of 128-byte rows with the 128-byte swizzle (wgmma.cuh), from a
+// 1024-byte aligned base.
+template <int HD, bool kWg = false>
 struct Geo {
   static constexpr int kHalves = HD > 256 ? 2 : 1;  // warps per 16 rows
   static constexpr int kDh = HD / kHalves;          // head dims per warp
@@ -57,8 +61,9 @@ struct Geo {
   static constexpr size_t kRangeOffset = (kQElems + size_t{kStages} * 2 * kTileElems) * sizeof(bf16);
   static constexpr size_t kSwapOffset = kRangeOffset + 2 * kBM * sizeof(int);
   static constexpr size_t kSwapBytes = kHalves > 1 ? size_t{kThreads} / kWarp * 16 * kBN * sizeof(float) : 0;
-  static constexpr size_t kSmem = kSwapOffset + kSwapBytes;
+  static constexpr size_t kSmem = kSwapOffset + kSwapBytes + (kWg ? 1024 : 0);  // wgmma: room to align to 1024
   static_assert(kHalves == 1 || kDh % 64 == 0, "a warp's first chunk is a multiple of 8 (the swizzle's period)");
+  static_assert(!kWg || (kHalves == 1 && HD % 64 == 0), "wgmma: one warpgroup, whole 64-column blocks");
   static_assert(kChunks >= 8, "the swizzle needs rows of at least 8 chunks");
   static_assert((kBM * kChunks) % kThreads == 0 && (2 * kBN * kChunks) % kThreads == 0, "whole copies per thread");
   static_assert(kSmem <= 227 * 1024, "fits in an SM's shared memory");
@@ -68,17 +73,25 @@ __device__ __forceinline__ int swz(int row, int chunk) { return (chunk ^ (row & 
 // The same for an even chunk c2 known at compile time plus a lane's x = (its odd bit) ^ (row & 7): c2's high bits
 // become an immediate, and four registers serve every c2.
 __device__ __forceinline__ int swz_even(int c2, int x) { return ((c2 & ~7) + ((c2 & 7) ^ x)) * 8; }
+// Element offset of chunk c of row r in a tile of `rows` rows, in either kernel's layout.
+template <int HD, bool kWg>
+__device__ __forceinline__ int tile_offset(int r, int c, int rows) {
+  if constexpr (kWg) return static_cast<int>(sw128_offset(r, c, rows) / sizeof(bf16));
+  return r * HD + swz(r, c);
+}
 
 using PrefillParams = TcAttnInputs;
 
 // Grid (row chunk, KV head). mma fragments: gq = lane / 4, tq = lane % 4; in S and O a thread holds rows gq and
 // gq + 8 of its warp's 16, columns 2 tq and 2 tq + 1 of each 8-wide n-tile.
-template <int HD>
-__global__ void __launch_bounds__(Geo<HD>::kThreads, 2 / Geo<HD>::kHalves) attention_prefill_kernel(PrefillParams p) {
+template <int HD, bool kWg>
+__global__ void __launch_bounds__(Geo<HD, kWg>::kThreads, 2 / Geo<HD, kWg>::kHalves)
+    attention_prefill_kernel(PrefillParams p) {
   pdl_enter();
-  using G = Geo<HD>;
+  using G = Geo<HD, kWg>;
   constexpr int kThreads = G::kThreads;
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + (kWg ? (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u : 0u);
   bf16* s_q = reinterpret_cast<bf16*>(smem);
   bf16* s_kv = s_q + G::kKvOffset;
   int* s_lo = reinterpret_cast<int*>(smem + G::kRangeOffset);  // visible keys of token t0 + i: [lo, hi)
@@ -108,7 +121,7 @@ __global__ void __launch_bounds__(Geo<HD>::kThreads, 2 / Geo<HD>::kHalves) atten
   for (int i = 0; i < kQCopies; ++i) {
     const int idx = tid + i * kThreads, r = idx / G::kChunks, c = idx % G::kChunks;
     const bool valid = r < n_rows;
-    cp_async16(s_q + r * HD + swz(r, c), valid ? p.q + row_offset(r) + c * 8 : p.q, valid);
+    cp_async16(s_q + tile_offset<HD, kWg>(r, c, kBM), valid ? p.q + row_offset(r) + c * 8 : p.q, valid);
   }
 
   token_ranges(p, t0, n_ct, s_lo, s_hi);
@@ -141,8 +154,8 @@ __global__ void __launch_bounds__(Geo<HD>::kThreads, 2 / Geo<HD>::kHalves) atten
       if (p.ring && slot >= p.capacity) slot -= p.capacity;
       const bf16* base = which ? vbase : kbase;
       const int64_t stride = which ? p.v_stride_slot : p.k_stride_slot;
-      cp_async16(dst0 + which * G::kTileElems + kk * HD + swz(kk, c), valid ? base + slot * stride + c * 8 : base,
-                 valid);
+      cp_async16(dst0 + which * G::kTileElems + tile_offset<HD, kWg>(kk, c, kBN),
+                 valid ? base + slot * stride + c * 8 : base, valid);
     }
   };
 
@@ -162,12 +175,28 @@ __global__ void __launch_bounds__(Geo<HD>::kThreads, 2 / Geo<HD>::kHalves) atten
     if (tile + 1 < n_tiles) load_tile(tile + 1, (tile + 1) % kStages);
     cp_async_commit();
     cp_async_wait<1>();
+    if constexpr (kWg) fence_proxy_async_smem();  // the copies, before the wgmma reads of them
     __syncthreads();  // this tile (and Q) are in shared memory for every thread
     const bf16* sk = s_kv + (tile % kStages) * 2 * G::kTileElems;
     const bf16* sv = sk + G::kTileElems;
 
     // S = Q K^T: 16 rows x 32 keys (four n-tiles), over this warp's dims.
     float s[4][4] = {};
+    if constexpr (kWg) {
+      // The warpgroup's 64 rows at once: k-step kk is 32 bytes into 64-column block kk / 4 of Q and of K.
+      const uint32_t q_addr = smem_u32(s_q), k_addr = smem_u32(sk);
+      wgmma_pin(s);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        const uint32_t off = (kk % 4) * 32;
+        wgmma_m64n32k16_ss(s, wgmma_desc(q_addr + (kk / 4) * kBM * 128 + off, 1024, 1024),
+                           wgmma_desc(k_addr + (kk / 4) * kBN * 128 + off, 1024, 1024), kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_pin(s);
+    } else {
 #pragma unroll
     for (int kk = 0; kk < G::kDh / 16; ++kk) {
       uint32_t a[4];
@@ -180,6 +209,7 @@ __global__ void __launch_bounds__(Geo<HD>::kThreads, 2 / Geo<HD>::kHalves) atten
         mma_bf16(s[2 * pj], a, b0);
         mma_bf16(s[2 * pj + 1], a, b1);
       }
+    }
     }
     if constexpr (G::kHalves > 1) {
       // The pair's partial scores: write this warp's, wait for the pair (named barrier 1 + rw, its 64 threads),
@@ -263,7 +293,24 @@ __global__ void __launch_bounds__(Geo<HD>::kThreads, 2 / Geo<HD>::kHalves) atten
       }
     }
 
-    // O += P V: two k-steps of 16 keys; V^T fragments by transposed ldmatrix, two dim n-tiles per load.
+    // O += P V: two k-steps of 16 keys; V^T fragments by transposed ldmatrix, two dim n-tiles per load (kWg: V as
+    // wgmma's MN-major B, 64 dims per instruction; a k-step is 16 rows of 128 bytes, two swizzle atoms).
+    if constexpr (kWg) {
+      const uint32_t v_addr = smem_u32(sv);
+      wgmma_pin(o);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+        const uint32_t a[4] = {pa[2 * ks][0], pa[2 * ks][1], pa[2 * ks + 1][0], pa[2 * ks + 1][1]};
+#pragma unroll
+        for (int nb = 0; nb < HD / 64; ++nb)
+          wgmma_m64n64k16_rs_tb(*reinterpret_cast<float(*)[8][4]>(&o[8 * nb]), a,
+                                wgmma_desc(v_addr + nb * kBN * 128 + ks * 16 * 128, 1024, 1024));
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_pin(o);
+    } else {
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
       const uint32_t a[4] = {pa[2 * ks][0], pa[2 * ks][1], pa[2 * ks + 1][0], pa[2 * ks + 1][1]};
@@ -275,6 +322,7 @@ __global__ void __launch_bounds__(Geo<HD>::kThreads, 2 / Geo<HD>::kHalves) atten
         mma_bf16(o[2 * dq], a, b0);
         mma_bf16(o[2 * dq + 1], a, b1);
       }
+    }
     }
     __syncthreads();  // every warp is done with this stage before the next iteration's load overwrites it
   }
@@ -294,12 +342,14 @@ __global__ void __launch_bounds__(Geo<HD>::kThreads, 2 / Geo<HD>::kHalves) atten
   }
 }
 
-template <int HD>
+template <int HD, bool kWg = false>
 Status launch_hd(const PrefillParams& p, int64_t n_kv, cudaStream_t stream) {
-  TANDEM_CUDA_TRY(allow_dynamic_smem<attention_prefill_kernel<HD>>(Geo<HD>::kSmem));  // over the 48 KB default
+  using G = Geo<HD, kWg>;
+  constexpr auto kernel = attention_prefill_kernel<HD, kWg>;
+  TANDEM_CUDA_TRY(allow_dynamic_smem<kernel>(G::kSmem));  // over the 48 KB default
   const int64_t rows = static_cast<int64_t>(p.n_tok) * p.group;
   const dim3 grid(static_cast<unsigned>((rows + kBM - 1) / kBM), static_cast<unsigned>(n_kv));
-  launch_kernel(attention_prefill_kernel<HD>, grid, Geo<HD>::kThreads, Geo<HD>::kSmem, stream, p);
+  launch_kernel(kernel, grid, G::kThreads, G::kSmem, stream, p);
   TANDEM_CUDA_TRY_LAUNCH();
   return ok_status();
 }
@@ -323,6 +373,33 @@ std::atomic<bool>& wide_flag() {  // head dim 512
   return on;
 }
 
+std::atomic<bool>& wgmma_flag() {
+  static std::atomic<bool> on{[] {
+    const char* e = std::getenv("TANDEM_ATTN_PREFILL_WGMMA");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }()};
+  return on;
+}
+
+// Whether the current device runs the kernel's sm_90a code: the build has it (TANDEM_CUDA_ARCHS lists 90a) and the
+// device is compute capability 9.0. Asked once per device.
+bool wgmma_runs_here() {
+  static const bool built = std::strstr(TANDEM_CUDA_ARCHS, "90a") != nullptr;
+  if (!built) return false;
+  static std::atomic<uint64_t> known{0}, yes{0};  // bit d: device d asked / has it (devices past 63 ask every time)
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit != 0 && (known.load(std::memory_order_acquire) & bit) != 0) return (yes.load() & bit) != 0;
+  int major = 0, minor = 0;
+  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
+                  minor == 0;
+  if (ok) yes.fetch_or(bit);
+  known.fetch_or(bit, std::memory_order_release);
+  return ok;
+}
+
 }  // namespace
 
 void set_prefill_attention(PrefillAttention m) { mode_flag().store(static_cast<int>(m), std::memory_order_relaxed); }
@@ -331,6 +408,8 @@ PrefillAttention prefill_attention() {
 }
 void set_prefill_attention_512(bool on) { wide_flag().store(on, std::memory_order_relaxed); }
 bool prefill_attention_512() { return wide_flag().load(std::memory_order_relaxed); }
+void set_prefill_attention_wgmma(bool on) { wgmma_flag().store(on, std::memory_order_relaxed); }
+bool prefill_attention_wgmma() { return wgmma_flag().load(std::memory_order_relaxed); }
 
 bool attention_prefill_applies(const AttentionArgs& a) {
   const PrefillAttention mode = prefill_attention();
@@ -346,11 +425,14 @@ bool attention_prefill_applies(const AttentionArgs& a) {
 Status launch_attention_prefill(const AttentionArgs& a, cudaStream_t stream) {
   const PrefillParams p = tc_attention_inputs(a);
   const int64_t n_kv = a.kv.k.shape[0];
+  const bool wg = prefill_attention_wgmma() && wgmma_runs_here();
   switch (p.head_dim) {
-    case 64: return launch_hd<64>(p, n_kv, stream);
-    case 128: return launch_hd<128>(p, n_kv, stream);
+    case 64:
+      return wg ? launch_hd<64, true>(p, n_kv, stream) : launch_hd<64>(p, n_kv, stream);
+    case 128:
+      return wg ? launch_hd<128, true>(p, n_kv, stream) : launch_hd<128>(p, n_kv, stream);
     case 256:
-      return launch_hd<256>(p, n_kv, stream);
+      return wg ? launch_hd<256, true>(p, n_kv, stream) : launch_hd<256>(p, n_kv, stream);
     default:
       return launch_hd<512>(p, n_kv, stream);
   }
