@@ -148,10 +148,11 @@ bool bench_prefill_attention(CudaBackend& be, int iters) {
                           {"E2B full", 8, 1, 256, 0},        {"31B full", 32, 4, 512, 0}};
   constexpr int64_t kCtx = 4096, kMaxTok = 1024;
   const cuda::PrefillAttention mode = cuda::prefill_attention();
-  const bool wide = cuda::prefill_attention_512(), wg = cuda::prefill_attention_wgmma();
+  const bool wide = cuda::prefill_attention_512();
+  const int wg = cuda::prefill_attention_wgmma();
   cuda::set_prefill_attention_512(true);  // the flash kernel's head dim 512 too (off by default)
-  std::printf("\n%-52s %7s %8s %9s %9s %9s %9s\n", "prompt-chunk attention", "blocks", "tc ms", "flash ms", "flash/tc",
-              "wgmma ms", "wgmma/tc");
+  std::printf("\n%-56s %7s %8s %9s %9s %9s %9s %9s %9s\n", "prompt-chunk attention (TFLOP/s)", "blocks", "tc ms",
+              "flash ms", "flash/tc", "wg1 ms", "wg1/tc", "wg2 ms", "wg2/tc");
   for (const Shape& sh : shapes) {
     const size_t kv_elems = static_cast<size_t>(sh.n_kv * kCtx * sh.head_dim);
     const size_t q_elems = static_cast<size_t>(kMaxTok * sh.n_heads * sh.head_dim);
@@ -176,21 +177,23 @@ bool bench_prefill_attention(CudaBackend& be, int iters) {
                                       .end = kCtx},
                                .q_pos = pos.view(DType::kI32, {n_tok}),
                                .window = sh.window};
-      double ms[3] = {0, 0, 0};  // decode kernel, flash (mma.sync), flash (wgmma)
-      const int variants = sh.head_dim <= 256 ? 3 : 2;
+      double ms[4] = {0, 0, 0, 0};  // decode kernel, flash (mma.sync), flash (wgmma, 1 and 2 warpgroups)
+      const int variants = sh.head_dim <= 256 ? 4 : 2;
       for (int i = 0; i < variants; ++i) {
         cuda::set_prefill_attention(i > 0 ? cuda::PrefillAttention::kAlways : cuda::PrefillAttention::kOff);
-        cuda::set_prefill_attention_wgmma(i == 2);
+        cuda::set_prefill_attention_wgmma(i >= 2 ? i - 1 : 0);
         ms[i] = time_ms(be, 2, iters, [&] { be.attention(args); });
       }
-      const int64_t blocks = (n_tok * (sh.n_heads / sh.n_kv) + 63) / 64 * sh.n_kv;  // the flash kernel's grid
+      const int64_t blocks = (n_tok * (sh.n_heads / sh.n_kv) + 63) / 64 * sh.n_kv;  // 64-row blocks
       const double flops = 4.0 * pairs * static_cast<double>(sh.n_heads * sh.head_dim);
-      char label[112], wg_cols[40] = "        -         -";
-      std::snprintf(label, sizeof label, "%s, %lld tokens (flash %.0f%s TFLOP/s)", sh.label,
-                    static_cast<long long>(n_tok), flops / (ms[1] * 1e9),
-                    variants > 2 ? (" / " + std::to_string(static_cast<int>(flops / (ms[2] * 1e9)))).c_str() : "");
-      if (variants > 2) std::snprintf(wg_cols, sizeof wg_cols, "%9.3f %9.2f", ms[2], ms[2] / ms[0]);
-      std::printf("%-52s %7lld %8.3f %9.3f %9.2f %s\n", label, static_cast<long long>(blocks), ms[0], ms[1],
+      std::string tflops = std::to_string(static_cast<int>(flops / (ms[1] * 1e9)));
+      for (int i = 2; i < variants; ++i) tflops += " / " + std::to_string(static_cast<int>(flops / (ms[i] * 1e9)));
+      char label[128], wg_cols[48] = "        -         -         -         -";
+      std::snprintf(label, sizeof label, "%s, %lld tokens (%s)", sh.label, static_cast<long long>(n_tok),
+                    tflops.c_str());
+      if (variants > 2)
+        std::snprintf(wg_cols, sizeof wg_cols, "%9.3f %9.2f %9.3f %9.2f", ms[2], ms[2] / ms[0], ms[3], ms[3] / ms[0]);
+      std::printf("%-56s %7lld %8.3f %9.3f %9.2f %s\n", label, static_cast<long long>(blocks), ms[0], ms[1],
                   ms[1] / ms[0], wg_cols);
     }
   }

@@ -29,8 +29,7 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kRowWarps = 4;         // warps along the rows: 16 query rows each
-constexpr int kBM = 16 * kRowWarps;  // query rows per block
+constexpr int kAutoRows = 64;     // rows per block that kAutoMinBlocks counts in
 constexpr int kBN = 32;           // keys per tile
 constexpr int kStages = 2;
 constexpr int kMinTokens = 32;  // fewer tokens (decode, verify) stay on attention_decode.cu's kernel
@@ -45,14 +44,16 @@ constexpr int64_t kAutoMinBlocks = 64;
 // bit for bit, so both warps hold the same scores and run the same softmax), then each multiplies P by its half of V.
 // Shared memory: Q [kBM][HD] | stages x (K [kBN][HD] | V [kBN][HD]) | token ranges | (at 512) the warps' partial
 // scores. Rows are 16-byte chunks XOR-swizzled by the row's low three bits, so ldmatrix's eight rows hit distinct
-// banks. kWg (Hopper, head dims 64-256): the four warps are one warpgroup whose wgmma instructions read Q, K and V
-// straight from shared memory (each K and V tile once for all 64 rows, where ldmatrix reads it once per warp); the
-// tiles are then stored as 64-column blocks of 128-byte rows with the 128-byte swizzle (wgmma.cuh), from a
-// 1024-byte aligned base.
-template <int HD, bool kWg = false>
+// banks. kWg > 0 (Hopper, head dims 64-256): each four warps are a warpgroup whose wgmma instructions read Q, K and V
+// straight from shared memory (each K and V tile once for the group's 64 rows, where ldmatrix reads it once per
+// warp); kWg warpgroups share a block's K/V tiles (two halve the tiles' copies per row). The tiles are then stored as
+// 64-column blocks of 128-byte rows with the 128-byte swizzle (wgmma.cuh), from a 1024-byte aligned base.
+template <int HD, int kWg = 0>
 struct Geo {
-  static constexpr int kHalves = HD > 256 ? 2 : 1;  // warps per 16 rows
-  static constexpr int kDh = HD / kHalves;          // head dims per warp
+  static constexpr int kRowWarps = kWg == 2 ? 8 : 4;  // warps along the rows: 16 query rows each
+  static constexpr int kBM = 16 * kRowWarps;          // query rows per block
+  static constexpr int kHalves = HD > 256 ? 2 : 1;    // warps per 16 rows
+  static constexpr int kDh = HD / kHalves;            // head dims per warp
   static constexpr int kThreads = kRowWarps * kHalves * kWarp;
   static constexpr int kChunks = HD / 8;
   static constexpr size_t kQElems = size_t{kBM} * HD;
@@ -62,6 +63,7 @@ struct Geo {
   static constexpr size_t kSwapOffset = kRangeOffset + 2 * kBM * sizeof(int);
   static constexpr size_t kSwapBytes = kHalves > 1 ? size_t{kThreads} / kWarp * 16 * kBN * sizeof(float) : 0;
   static constexpr size_t kSmem = kSwapOffset + kSwapBytes + (kWg ? 1024 : 0);  // wgmma: room to align to 1024
+  static constexpr int kMinBlocks = kThreads > 128 ? 1 : 2;
   static_assert(kHalves == 1 || kDh % 64 == 0, "a warp's first chunk is a multiple of 8 (the swizzle's period)");
   static_assert(!kWg || (kHalves == 1 && HD % 64 == 0), "wgmma: one warpgroup, whole 64-column blocks");
   static_assert(kChunks >= 8, "the swizzle needs rows of at least 8 chunks");
@@ -74,7 +76,7 @@ __device__ __forceinline__ int swz(int row, int chunk) { return (chunk ^ (row & 
 // become an immediate, and four registers serve every c2.
 __device__ __forceinline__ int swz_even(int c2, int x) { return ((c2 & ~7) + ((c2 & 7) ^ x)) * 8; }
 // Element offset of chunk c of row r in a tile of `rows` rows, in either kernel's layout.
-template <int HD, bool kWg>
+template <int HD, int kWg>
 __device__ __forceinline__ int tile_offset(int r, int c, int rows) {
   if constexpr (kWg) return static_cast<int>(sw128_offset(r, c, rows) / sizeof(bf16));
   return r * HD + swz(r, c);
@@ -84,12 +86,12 @@ using PrefillParams = TcAttnInputs;
 
 // Grid (row chunk, KV head). mma fragments: gq = lane / 4, tq = lane % 4; in S and O a thread holds rows gq and
 // gq + 8 of its warp's 16, columns 2 tq and 2 tq + 1 of each 8-wide n-tile.
-template <int HD, bool kWg>
-__global__ void __launch_bounds__(Geo<HD, kWg>::kThreads, 2 / Geo<HD, kWg>::kHalves)
+template <int HD, int kWg>
+__global__ void __launch_bounds__(Geo<HD, kWg>::kThreads, Geo<HD, kWg>::kMinBlocks)
     attention_prefill_kernel(PrefillParams p) {
   pdl_enter();
   using G = Geo<HD, kWg>;
-  constexpr int kThreads = G::kThreads;
+  constexpr int kThreads = G::kThreads, kBM = G::kBM, kRowWarps = G::kRowWarps;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + (kWg ? (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u : 0u);
   bf16* s_q = reinterpret_cast<bf16*>(smem);
@@ -184,7 +186,8 @@ __global__ void __launch_bounds__(Geo<HD, kWg>::kThreads, 2 / Geo<HD, kWg>::kHal
     float s[4][4] = {};
     if constexpr (kWg) {
       // The warpgroup's 64 rows at once: k-step kk is 32 bytes into 64-column block kk / 4 of Q and of K.
-      const uint32_t q_addr = smem_u32(s_q), k_addr = smem_u32(sk);
+      // This warpgroup's 64 rows start 64 rows (8 KB) into each of Q's column blocks.
+      const uint32_t q_addr = smem_u32(s_q) + (warp / 4) * 64 * 128, k_addr = smem_u32(sk);
       wgmma_pin(s);
       wgmma_fence();
 #pragma unroll
@@ -342,13 +345,13 @@ __global__ void __launch_bounds__(Geo<HD, kWg>::kThreads, 2 / Geo<HD, kWg>::kHal
   }
 }
 
-template <int HD, bool kWg = false>
+template <int HD, int kWg = 0>
 Status launch_hd(const PrefillParams& p, int64_t n_kv, cudaStream_t stream) {
   using G = Geo<HD, kWg>;
   constexpr auto kernel = attention_prefill_kernel<HD, kWg>;
   TANDEM_CUDA_TRY(allow_dynamic_smem<kernel>(G::kSmem));  // over the 48 KB default
   const int64_t rows = static_cast<int64_t>(p.n_tok) * p.group;
-  const dim3 grid(static_cast<unsigned>((rows + kBM - 1) / kBM), static_cast<unsigned>(n_kv));
+  const dim3 grid(static_cast<unsigned>((rows + G::kBM - 1) / G::kBM), static_cast<unsigned>(n_kv));
   launch_kernel(kernel, grid, G::kThreads, G::kSmem, stream, p);
   TANDEM_CUDA_TRY_LAUNCH();
   return ok_status();
@@ -373,12 +376,12 @@ std::atomic<bool>& wide_flag() {  // head dim 512
   return on;
 }
 
-std::atomic<bool>& wgmma_flag() {
-  static std::atomic<bool> on{[] {
+std::atomic<int>& wgmma_flag() {
+  static std::atomic<int> groups{[] {
     const char* e = std::getenv("TANDEM_ATTN_PREFILL_WGMMA");
-    return e != nullptr && std::strcmp(e, "1") == 0;
+    return e != nullptr && (std::strcmp(e, "1") == 0 || std::strcmp(e, "2") == 0) ? e[0] - '0' : 0;
   }()};
-  return on;
+  return groups;
 }
 
 // Whether the current device runs the kernel's sm_90a code: the build has it (TANDEM_CUDA_ARCHS lists 90a) and the
@@ -408,8 +411,10 @@ PrefillAttention prefill_attention() {
 }
 void set_prefill_attention_512(bool on) { wide_flag().store(on, std::memory_order_relaxed); }
 bool prefill_attention_512() { return wide_flag().load(std::memory_order_relaxed); }
-void set_prefill_attention_wgmma(bool on) { wgmma_flag().store(on, std::memory_order_relaxed); }
-bool prefill_attention_wgmma() { return wgmma_flag().load(std::memory_order_relaxed); }
+void set_prefill_attention_wgmma(int warpgroups) {
+  wgmma_flag().store(warpgroups == 1 || warpgroups == 2 ? warpgroups : 0, std::memory_order_relaxed);
+}
+int prefill_attention_wgmma() { return wgmma_flag().load(std::memory_order_relaxed); }
 
 bool attention_prefill_applies(const AttentionArgs& a) {
   const PrefillAttention mode = prefill_attention();
@@ -418,21 +423,33 @@ bool attention_prefill_applies(const AttentionArgs& a) {
   const bool dims_ok =
       head_dim == 64 || head_dim == 128 || head_dim == 256 || (head_dim == 512 && prefill_attention_512());
   if (!dims_ok || n_tok < kMinTokens) return false;
-  const int64_t blocks = (n_tok * (n_heads / n_kv) + kBM - 1) / kBM * n_kv;
+  const int64_t blocks = (n_tok * (n_heads / n_kv) + kAutoRows - 1) / kAutoRows * n_kv;
   return mode == PrefillAttention::kAlways || blocks >= kAutoMinBlocks;
 }
 
 Status launch_attention_prefill(const AttentionArgs& a, cudaStream_t stream) {
   const PrefillParams p = tc_attention_inputs(a);
   const int64_t n_kv = a.kv.k.shape[0];
-  const bool wg = prefill_attention_wgmma() && wgmma_runs_here();
-  switch (p.head_dim) {
-    case 64:
-      return wg ? launch_hd<64, true>(p, n_kv, stream) : launch_hd<64>(p, n_kv, stream);
-    case 128:
-      return wg ? launch_hd<128, true>(p, n_kv, stream) : launch_hd<128>(p, n_kv, stream);
-    case 256:
-      return wg ? launch_hd<256, true>(p, n_kv, stream) : launch_hd<256>(p, n_kv, stream);
+  const int wg = p.head_dim <= 256 && wgmma_runs_here() ? prefill_attention_wgmma() : 0;
+  switch (p.head_dim * 4 + wg) {
+    case 64 * 4 + 1:
+      return launch_hd<64, 1>(p, n_kv, stream);
+    case 64 * 4 + 2:
+      return launch_hd<64, 2>(p, n_kv, stream);
+    case 128 * 4 + 1:
+      return launch_hd<128, 1>(p, n_kv, stream);
+    case 128 * 4 + 2:
+      return launch_hd<128, 2>(p, n_kv, stream);
+    case 256 * 4 + 1:
+      return launch_hd<256, 1>(p, n_kv, stream);
+    case 256 * 4 + 2:
+      return launch_hd<256, 2>(p, n_kv, stream);
+    case 64 * 4:
+      return launch_hd<64>(p, n_kv, stream);
+    case 128 * 4:
+      return launch_hd<128>(p, n_kv, stream);
+    case 256 * 4:
+      return launch_hd<256>(p, n_kv, stream);
     default:
       return launch_hd<512>(p, n_kv, stream);
   }

@@ -87,10 +87,11 @@ PrefillAttention prefill_attention();
 void set_prefill_attention_512(bool on);
 bool prefill_attention_512();
 // Head dims 64-256 on the flash kernel's Hopper form (wgmma: each K/V tile read from shared memory once per 64 rows
-// instead of once per warp), where the build has sm_90a code and the device is compute capability 9.0; otherwise
-// the mma.sync form. Off by default until timed on a GPU; TANDEM_ATTN_PREFILL_WGMMA=1 turns it on.
-void set_prefill_attention_wgmma(bool on);
-bool prefill_attention_wgmma();
+// instead of once per warp) with 1 or 2 warpgroups per block (64 or 128 query rows sharing the K/V tiles), where the
+// build has sm_90a code and the device is compute capability 9.0; otherwise (and with 0) the mma.sync form. Off by
+// default until timed on a GPU; TANDEM_ATTN_PREFILL_WGMMA=1 or 2 turns it on.
+void set_prefill_attention_wgmma(int warpgroups);
+int prefill_attention_wgmma();
 
 // moe.cu (moe_experts, grouped by expert, keeps its grouping tables and its f32 intermediates h [pairs, d_ff] and
 // y [pairs, d_model] in the scratch, in token chunks when they do not fit; launch sizes depend on n_tokens and k
