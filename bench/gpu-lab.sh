@@ -62,10 +62,10 @@ done
 # --kv-capacity, so the graphs' attention launches are sized as a server's with that context would be, and the long
 # prompt's prefill is timed; the optional setting runs that bench with one environment switch flipped, for an A/B
 # beside the entry without it ("" skips them all). Default: 26B-A4B and 31B after 4096 prompt tokens in an
-# 8192-position cache, each also with the prefill switch that has not yet been timed on a GPU (the wide MoE tiles;
-# the flash kernel at head dim 512).
-long_default="gemma4-26b-a4b:4096:8192 gemma4-26b-a4b:4096:8192:TANDEM_MOE_TC_WIDE=1 gemma4-31b:4096:8192"
-long_default+=" gemma4-31b:4096:8192:TANDEM_ATTN_PREFILL_512=1"
+# 8192-position cache, each also with the prefill path that became the default after one H100 run (run BL) turned
+# off, to be confirmed on an H200 (the wide MoE tiles; the flash kernel's wgmma form).
+long_default="gemma4-26b-a4b:4096:8192 gemma4-26b-a4b:4096:8192:TANDEM_MOE_TC_WIDE=0 gemma4-31b:4096:8192"
+long_default+=" gemma4-31b:4096:8192:TANDEM_ATTN_PREFILL_WGMMA=0"
 for lc in ${GPU_LAB_LONG-$long_default}; do
   IFS=: read -r lc_arch lc_ctx lc_cap lc_env <<<"$lc"
   run_step "bench $lc_arch, $lc_ctx of $lc_cap positions${lc_env:+, $lc_env}" 40 \
@@ -85,11 +85,11 @@ if [ -n "$disk_arch" ]; then
 fi
 
 # A/B benches of the latest switches: the same bench with one environment setting flipped, without the profile.
-# GPU_LAB_AB lists "arch:VAR=VALUE" entries (default: the early expert down kernel on 26B-A4B, not yet timed on a
-# GPU); the older GPU_LAB_AB_ENV / GPU_LAB_AB_ARCH pair still gives one entry.
+# GPU_LAB_AB lists "arch:VAR=VALUE" entries (default: 26B-A4B without the early expert down kernel, which became the
+# default after one H100 pair, run BL); the older GPU_LAB_AB_ENV / GPU_LAB_AB_ARCH pair still gives one entry.
 ab_list=${GPU_LAB_AB-}
 if [ -z "$ab_list" ]; then
-  ab_env=${GPU_LAB_AB_ENV-TANDEM_MOE_EARLY=1}
+  ab_env=${GPU_LAB_AB_ENV-TANDEM_MOE_EARLY=0}
   [ -n "$ab_env" ] && ab_list="${GPU_LAB_AB_ARCH:-gemma4-26b-a4b}:$ab_env"
 fi
 for ab in $ab_list; do

@@ -333,7 +333,7 @@ TEST_F(CudaOps, AttentionPrefillKernelWgmmaMatchesReference) {
   if (!HasFatalFailure()) run_prefill_kernel_cases(be(), /*wgmma=*/2);
 }
 
-// The flash kernel at head dim 512 (the full layers; off by default: set_prefill_attention_512), where two warps
+// The flash kernel at head dim 512 (the full layers; set_prefill_attention_512), where two warps
 // share 16 rows and swap their partial scores: GQA 8 with a last block of a few rows, a ring with a window, queries
 // before begin, out = q and the end read on the device.
 TEST_F(CudaOps, AttentionPrefillKernelHeadDim512MatchesReference) {

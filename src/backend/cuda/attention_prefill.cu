@@ -29,14 +29,20 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kAutoRows = 64;     // rows per block that kAutoMinBlocks counts in
-constexpr int kBN = 32;           // keys per tile
+constexpr int kAutoRows = 64;  // rows per block that the launch sizes below count in
+constexpr int kBN = 32;        // keys per tile
 constexpr int kStages = 2;
 constexpr int kMinTokens = 32;  // fewer tokens (decode, verify) stay on attention_decode.cu's kernel
 // kAuto's fewest blocks: with fewer, the decode kernel, which also splits the keys, is faster (bench/RESULTS.md run
 // BK, `cuda_bench --prefill-attention` on an H200: flash / decode kernel 2.2-2.4x at 8-16 blocks, 0.99-1.8x at 32,
-// 0.86-1.01x at 64, 0.45-0.55x at 128; a long prompt's 1024-token chunks are 128-512 blocks).
-constexpr int64_t kAutoMinBlocks = 64;
+// 0.86-1.01x at 64, 0.45-0.55x at 128; a long prompt's 1024-token chunks are 128-512 blocks). At head dim 512, whose
+// blocks are twice the warps (one block per SM), 128 (run BL, an H100: 31B's full layers 1.46x at 64 blocks,
+// 0.73-0.87x from 128).
+constexpr int64_t kAutoMinBlocks = 64, kAutoMinBlocks512 = 128;
+// The wgmma form's default warpgroups per block: two from this many 64-row blocks (run BL, an H100: two beat one by
+// 4-7% from 256 blocks, one beat two by 4-15% below), else one.
+constexpr int64_t kTwoGroupsMinBlocks = 256;
+constexpr int kWgmmaAuto = -1;
 
 // Geometry for head dim HD. Up to 256, one warp per 16 rows holds them across the whole head dim. At 512, whose
 // accumulator would not fit a warp's registers, two warps share 16 rows, each holding O for one half of the dims:
@@ -371,7 +377,7 @@ std::atomic<int>& mode_flag() {
 std::atomic<bool>& wide_flag() {  // head dim 512
   static std::atomic<bool> on{[] {
     const char* e = std::getenv("TANDEM_ATTN_PREFILL_512");
-    return e != nullptr && std::strcmp(e, "1") == 0;
+    return e == nullptr || std::strcmp(e, "0") != 0;
   }()};
   return on;
 }
@@ -379,7 +385,9 @@ std::atomic<bool>& wide_flag() {  // head dim 512
 std::atomic<int>& wgmma_flag() {
   static std::atomic<int> groups{[] {
     const char* e = std::getenv("TANDEM_ATTN_PREFILL_WGMMA");
-    return e != nullptr && (std::strcmp(e, "1") == 0 || std::strcmp(e, "2") == 0) ? e[0] - '0' : 0;
+    if (e != nullptr && (std::strcmp(e, "0") == 0 || std::strcmp(e, "1") == 0 || std::strcmp(e, "2") == 0))
+      return e[0] - '0';
+    return kWgmmaAuto;
   }()};
   return groups;
 }
@@ -412,7 +420,7 @@ PrefillAttention prefill_attention() {
 void set_prefill_attention_512(bool on) { wide_flag().store(on, std::memory_order_relaxed); }
 bool prefill_attention_512() { return wide_flag().load(std::memory_order_relaxed); }
 void set_prefill_attention_wgmma(int warpgroups) {
-  wgmma_flag().store(warpgroups == 1 || warpgroups == 2 ? warpgroups : 0, std::memory_order_relaxed);
+  wgmma_flag().store(warpgroups >= kWgmmaAuto && warpgroups <= 2 ? warpgroups : 0, std::memory_order_relaxed);
 }
 int prefill_attention_wgmma() { return wgmma_flag().load(std::memory_order_relaxed); }
 
@@ -424,13 +432,17 @@ bool attention_prefill_applies(const AttentionArgs& a) {
       head_dim == 64 || head_dim == 128 || head_dim == 256 || (head_dim == 512 && prefill_attention_512());
   if (!dims_ok || n_tok < kMinTokens) return false;
   const int64_t blocks = (n_tok * (n_heads / n_kv) + kAutoRows - 1) / kAutoRows * n_kv;
-  return mode == PrefillAttention::kAlways || blocks >= kAutoMinBlocks;
+  return mode == PrefillAttention::kAlways || blocks >= (head_dim == 512 ? kAutoMinBlocks512 : kAutoMinBlocks);
 }
 
 Status launch_attention_prefill(const AttentionArgs& a, cudaStream_t stream) {
   const PrefillParams p = tc_attention_inputs(a);
   const int64_t n_kv = a.kv.k.shape[0];
-  const int wg = p.head_dim <= 256 && wgmma_runs_here() ? prefill_attention_wgmma() : 0;
+  int wg = p.head_dim <= 256 && wgmma_runs_here() ? prefill_attention_wgmma() : 0;
+  if (wg == kWgmmaAuto) {
+    const int64_t blocks = (static_cast<int64_t>(p.n_tok) * p.group + kAutoRows - 1) / kAutoRows * n_kv;
+    wg = blocks >= kTwoGroupsMinBlocks ? 2 : 1;
+  }
   switch (p.head_dim * 4 + wg) {
     case 64 * 4 + 1:
       return launch_hd<64, 1>(p, n_kv, stream);

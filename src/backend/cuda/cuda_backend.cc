@@ -129,7 +129,7 @@ Status CudaBackend::init() {
   if (const auto rows = env_int("TANDEM_GEMV_TC_MIN_ROWS", 2, 10)) set_gemv_tc_min_rows(*rows);
   set_gemv_balance(!switched_off("TANDEM_GEMV_BALANCE"));
   set_moe_staged(!switched_off("TANDEM_MOE_STAGED"));
-  if (const char* early = std::getenv("TANDEM_MOE_EARLY")) set_moe_down_early(std::string_view(early) == "1");
+  set_moe_down_early(!switched_off("TANDEM_MOE_EARLY"));
   concurrent_streams_ = !switched_off("TANDEM_BRANCHES");
   set_fused_per_layer_input(!switched_off("TANDEM_FUSED_PLE"));
   set_norm_regs(!switched_off("TANDEM_NORM_REGS"));

@@ -82,14 +82,15 @@ Status launch_attention(const AttentionArgs& a, const Scratch& scratch, cudaStre
 enum class PrefillAttention : uint8_t { kOff, kAuto, kAlways };
 void set_prefill_attention(PrefillAttention m);
 PrefillAttention prefill_attention();
-// Head dim 512 (the full layers) on the flash kernel too, as the mode says: off by default until it has run on a GPU
-// (its decode-kernel path is tested there); TANDEM_ATTN_PREFILL_512=1 turns it on.
+// Head dim 512 (the full layers) on the flash kernel too, as the mode says (kAuto: launches of 128 blocks or more);
+// on unless TANDEM_ATTN_PREFILL_512=0 (bench/RESULTS.md run BL).
 void set_prefill_attention_512(bool on);
 bool prefill_attention_512();
 // Head dims 64-256 on the flash kernel's Hopper form (wgmma: each K/V tile read from shared memory once per 64 rows
 // instead of once per warp) with 1 or 2 warpgroups per block (64 or 128 query rows sharing the K/V tiles), where the
-// build has sm_90a code and the device is compute capability 9.0; otherwise (and with 0) the mma.sync form. Off by
-// default until timed on a GPU; TANDEM_ATTN_PREFILL_WGMMA=1 or 2 turns it on.
+// build has sm_90a code and the device is compute capability 9.0; otherwise (and with 0) the mma.sync form. -1, the
+// default: two warpgroups for launches of 256 64-row blocks or more, else one (bench/RESULTS.md run BL).
+// TANDEM_ATTN_PREFILL_WGMMA=0, 1 or 2 sets it.
 void set_prefill_attention_wgmma(int warpgroups);
 int prefill_attention_wgmma();
 
@@ -106,12 +107,13 @@ size_t moe_experts_scratch_bytes(const MoeExpertsArgs& a);
 void set_moe_staged(bool on);
 bool moe_staged();
 // Whether a decode step's expert down kernel requests its expert's weights before waiting for the gate/up kernel
-// (moe.cu moe_down_kernel EARLY; the same bits). Off by default until it has run on a GPU; TANDEM_MOE_EARLY=1.
+// (moe.cu moe_down_kernel EARLY; the same bits). On unless TANDEM_MOE_EARLY=0 (bench/RESULTS.md run BL: 26B-A4B
+// decode 3.313 -> 3.273 ms on an H100).
 void set_moe_down_early(bool on);
 bool moe_down_early();
-// The tensor-core expert tiles (moe_tc.cu, prompt chunks): kOff (64 rows x 64 pairs), kAuto (128 x 128 when the
-// launch's expert slots average 48 pairs or more; TANDEM_MOE_TC_WIDE=1), kAlways (tests; =always). The same bits
-// every way. Off by default until it has run on a GPU.
+// The tensor-core expert tiles (moe_tc.cu, prompt chunks): kOff (64 rows x 64 pairs; TANDEM_MOE_TC_WIDE=0), kAuto
+// (the default: 128 x 128 when the launch's expert slots average 48 pairs or more), kAlways (tests; =always). The
+// same bits every way (bench/RESULTS.md run BL: 26B-A4B's 4096-token prefill 226.9 -> 183.4 ms on an H100).
 enum class MoeTcWide : uint8_t { kOff, kAuto, kAlways };
 void set_moe_tc_wide(MoeTcWide m);
 MoeTcWide moe_tc_wide();

@@ -492,7 +492,7 @@ std::atomic<bool>& staged_flag() {
   return on;
 }
 std::atomic<bool>& down_early_flag() {
-  static std::atomic<bool> on{false};
+  static std::atomic<bool> on{true};
   return on;
 }
 

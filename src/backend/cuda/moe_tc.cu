@@ -209,9 +209,9 @@ __global__ void __launch_bounds__(G::kThreads, G::kMinBlocks)
 std::atomic<int>& wide_mode() {
   static std::atomic<int> mode{[] {
     const char* e = std::getenv("TANDEM_MOE_TC_WIDE");
-    if (e != nullptr && std::strcmp(e, "1") == 0) return static_cast<int>(MoeTcWide::kAuto);
+    if (e != nullptr && std::strcmp(e, "0") == 0) return static_cast<int>(MoeTcWide::kOff);
     if (e != nullptr && std::strcmp(e, "always") == 0) return static_cast<int>(MoeTcWide::kAlways);
-    return static_cast<int>(MoeTcWide::kOff);
+    return static_cast<int>(MoeTcWide::kAuto);
   }()};
   return mode;
 }
