@@ -363,6 +363,14 @@ Status launch_hd(const PrefillParams& p, int64_t n_kv, cudaStream_t stream) {
   return ok_status();
 }
 
+// The launch of head dim HD's form: mma.sync (wg 0) or wgmma with wg warpgroups per block.
+template <int HD>
+Status launch_form(const PrefillParams& p, int64_t n_kv, int wg, cudaStream_t stream) {
+  if (wg == 1) return launch_hd<HD, 1>(p, n_kv, stream);
+  if (wg == 2) return launch_hd<HD, 2>(p, n_kv, stream);
+  return launch_hd<HD>(p, n_kv, stream);
+}
+
 std::atomic<int>& mode_flag() {
   static std::atomic<int> mode{[] {
     const char* e = std::getenv("TANDEM_ATTN_PREFILL");
@@ -443,25 +451,13 @@ Status launch_attention_prefill(const AttentionArgs& a, cudaStream_t stream) {
     const int64_t blocks = (static_cast<int64_t>(p.n_tok) * p.group + kAutoRows - 1) / kAutoRows * n_kv;
     wg = blocks >= kTwoGroupsMinBlocks ? 2 : 1;
   }
-  switch (p.head_dim * 4 + wg) {
-    case 64 * 4 + 1:
-      return launch_hd<64, 1>(p, n_kv, stream);
-    case 64 * 4 + 2:
-      return launch_hd<64, 2>(p, n_kv, stream);
-    case 128 * 4 + 1:
-      return launch_hd<128, 1>(p, n_kv, stream);
-    case 128 * 4 + 2:
-      return launch_hd<128, 2>(p, n_kv, stream);
-    case 256 * 4 + 1:
-      return launch_hd<256, 1>(p, n_kv, stream);
-    case 256 * 4 + 2:
-      return launch_hd<256, 2>(p, n_kv, stream);
-    case 64 * 4:
-      return launch_hd<64>(p, n_kv, stream);
-    case 128 * 4:
-      return launch_hd<128>(p, n_kv, stream);
-    case 256 * 4:
-      return launch_hd<256>(p, n_kv, stream);
+  switch (p.head_dim) {
+    case 64:
+      return launch_form<64>(p, n_kv, wg, stream);
+    case 128:
+      return launch_form<128>(p, n_kv, wg, stream);
+    case 256:
+      return launch_form<256>(p, n_kv, wg, stream);
     default:
       return launch_hd<512>(p, n_kv, stream);
   }
