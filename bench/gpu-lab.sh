@@ -63,9 +63,11 @@ done
 # prompt's prefill is timed; the optional setting runs that bench with one environment switch flipped, for an A/B
 # beside the entry without it ("" skips them all). Default: 26B-A4B and 31B after 4096 prompt tokens in an
 # 8192-position cache, each also with the prefill path that became the default after one H100 run (run BL) turned
-# off, to be confirmed on an H200 (the wide MoE tiles; the flash kernel's wgmma form).
+# off, to be confirmed on an H200 (the wide MoE tiles; the flash kernel's wgmma form), and 31B with the flash kernel's
+# four-stage wgmma form (=3, not yet run on a GPU).
 long_default="gemma4-26b-a4b:4096:8192 gemma4-26b-a4b:4096:8192:TANDEM_MOE_TC_WIDE=0 gemma4-31b:4096:8192"
 long_default+=" gemma4-31b:4096:8192:TANDEM_ATTN_PREFILL_WGMMA=0"
+long_default+=" gemma4-31b:4096:8192:TANDEM_ATTN_PREFILL_WGMMA=3"
 for lc in ${GPU_LAB_LONG-$long_default}; do
   IFS=: read -r lc_arch lc_ctx lc_cap lc_env <<<"$lc"
   run_step "bench $lc_arch, $lc_ctx of $lc_cap positions${lc_env:+, $lc_env}" 40 \

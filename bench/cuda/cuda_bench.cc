@@ -136,7 +136,7 @@ bool bench_attention(CudaBackend& be, int iters, double copy_gbs) {
 // 1024) and 31B (32 on 16), E2B's shape without a window and 31B's full layer (32 on 4, head dim 512), each on the
 // decode kernel's tensor-core path (attention_decode.cu; the prefill kernel off) and on the flash-attention kernel
 // (attention_prefill.cu, forced on, head dim 512 included) in its mma.sync form and, up to head dim 256, its wgmma
-// form, with the flash launch's block count: the figures behind PrefillAttention::kAuto's threshold and the wgmma
+// forms (one and two warpgroups per block, two with four K/V stages), with the flash launch's block count: the figures behind PrefillAttention::kAuto's threshold and the wgmma
 // switch. TFLOP/s counts the two products of every visible (query, key) pair.
 bool bench_prefill_attention(CudaBackend& be, int iters) {
   struct Shape {
@@ -151,8 +151,8 @@ bool bench_prefill_attention(CudaBackend& be, int iters) {
   const bool wide = cuda::prefill_attention_512();
   const int wg = cuda::prefill_attention_wgmma();
   cuda::set_prefill_attention_512(true);  // the flash kernel's head dim 512 too (off by default)
-  std::printf("\n%-56s %7s %8s %9s %9s %9s %9s %9s %9s\n", "prompt-chunk attention (TFLOP/s)", "blocks", "tc ms",
-              "flash ms", "flash/tc", "wg1 ms", "wg1/tc", "wg2 ms", "wg2/tc");
+  std::printf("\n%-60s %7s %8s %9s %9s %9s %9s %9s %9s %9s %9s\n", "prompt-chunk attention (TFLOP/s)", "blocks",
+              "tc ms", "flash ms", "flash/tc", "wg1 ms", "wg1/tc", "wg2 ms", "wg2/tc", "wg3 ms", "wg3/tc");
   for (const Shape& sh : shapes) {
     const size_t kv_elems = static_cast<size_t>(sh.n_kv * kCtx * sh.head_dim);
     const size_t q_elems = static_cast<size_t>(kMaxTok * sh.n_heads * sh.head_dim);
@@ -177,8 +177,9 @@ bool bench_prefill_attention(CudaBackend& be, int iters) {
                                       .end = kCtx},
                                .q_pos = pos.view(DType::kI32, {n_tok}),
                                .window = sh.window};
-      double ms[4] = {0, 0, 0, 0};  // decode kernel, flash (mma.sync), flash (wgmma, 1 and 2 warpgroups)
-      const int variants = sh.head_dim <= 256 ? 4 : 2;
+      // Decode kernel, flash (mma.sync), flash (wgmma: 1 and 2 warpgroups, 2 with 4 stages).
+      double ms[5] = {0, 0, 0, 0, 0};
+      const int variants = sh.head_dim <= 256 ? 5 : 2;
       for (int i = 0; i < variants; ++i) {
         cuda::set_prefill_attention(i > 0 ? cuda::PrefillAttention::kAlways : cuda::PrefillAttention::kOff);
         cuda::set_prefill_attention_wgmma(i >= 2 ? i - 1 : 0);
@@ -188,12 +189,13 @@ bool bench_prefill_attention(CudaBackend& be, int iters) {
       const double flops = 4.0 * pairs * static_cast<double>(sh.n_heads * sh.head_dim);
       std::string tflops = std::to_string(static_cast<int>(flops / (ms[1] * 1e9)));
       for (int i = 2; i < variants; ++i) tflops += " / " + std::to_string(static_cast<int>(flops / (ms[i] * 1e9)));
-      char label[128], wg_cols[48] = "        -         -         -         -";
+      char label[128], wg_cols[80] = "        -         -         -         -         -         -";
       std::snprintf(label, sizeof label, "%s, %lld tokens (%s)", sh.label, static_cast<long long>(n_tok),
                     tflops.c_str());
       if (variants > 2)
-        std::snprintf(wg_cols, sizeof wg_cols, "%9.3f %9.2f %9.3f %9.2f", ms[2], ms[2] / ms[0], ms[3], ms[3] / ms[0]);
-      std::printf("%-56s %7lld %8.3f %9.3f %9.2f %s\n", label, static_cast<long long>(blocks), ms[0], ms[1],
+        std::snprintf(wg_cols, sizeof wg_cols, "%9.3f %9.2f %9.3f %9.2f %9.3f %9.2f", ms[2], ms[2] / ms[0], ms[3],
+                      ms[3] / ms[0], ms[4], ms[4] / ms[0]);
+      std::printf("%-60s %7lld %8.3f %9.3f %9.2f %s\n", label, static_cast<long long>(blocks), ms[0], ms[1],
                   ms[1] / ms[0], wg_cols);
     }
   }

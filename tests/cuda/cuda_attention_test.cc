@@ -299,8 +299,8 @@ TEST_F(CudaOps, AttentionPrefillChunksOnTheTensorCores) {
 // only launches of 64 blocks or more): head dims 64, 128 and 256; GQA groups 1, 2, 3 and 8 with 64-row blocks that
 // start inside a token's group and a last block of a few rows; a wrapped ring smaller than one 32-key tile, with stale
 // slots; begin > 0 with queries before it (zero rows); a non-causal window; out = q; the end read on the device.
-// Each form: mma.sync, and wgmma with one or two warpgroups per block (Hopper; elsewhere the switch falls back to
-// mma.sync).
+// Each form: mma.sync, and wgmma with one or two warpgroups per block, two with four K/V stages (Hopper; elsewhere
+// the switch falls back to mma.sync).
 void run_prefill_kernel_cases(cuda::CudaBackend& be, int wgmma) {
   const PrefillModeScope scope(cuda::PrefillAttention::kAlways, cuda::prefill_attention_512(), wgmma);
   std::vector<int32_t> before_begin(40);
@@ -329,8 +329,7 @@ void run_prefill_kernel_cases(cuda::CudaBackend& be, int wgmma) {
 }
 TEST_F(CudaOps, AttentionPrefillKernelMatchesReference) { run_prefill_kernel_cases(be(), /*wgmma=*/0); }
 TEST_F(CudaOps, AttentionPrefillKernelWgmmaMatchesReference) {
-  run_prefill_kernel_cases(be(), /*wgmma=*/1);
-  if (!HasFatalFailure()) run_prefill_kernel_cases(be(), /*wgmma=*/2);
+  for (int wgmma = 1; wgmma <= 3 && !HasFatalFailure(); ++wgmma) run_prefill_kernel_cases(be(), wgmma);
 }
 
 // The flash kernel at head dim 512 (the full layers; set_prefill_attention_512), where two warps

@@ -528,7 +528,8 @@ TEST_F(CudaModelDemo, FlashPrefillMatchesTheDecodeKernel) {
   // (attention_prefill.cu, forced on; by default it takes only launches of 64 blocks or more, which no fixture
   // model's chunk reaches) and on the decode kernel's tensor-core path: two bf16 kernels that add the same products
   // in different orders, so the logits agree to bf16 noise, not bit for bit. Window 128 < 160: sliding layers mask.
-  // The flash kernel in each form (mma.sync; wgmma with one or two warpgroups per block, on Hopper).
+  // The flash kernel in each form (mma.sync; wgmma with one or two warpgroups per block, or two with four K/V
+  // stages, on Hopper).
   auto logits = [&](cuda::PrefillAttention mode, int wgmma) {
     const cuda::PrefillAttention before = cuda::prefill_attention();
     const int wg_before = cuda::prefill_attention_wgmma();
@@ -552,7 +553,8 @@ TEST_F(CudaModelDemo, FlashPrefillMatchesTheDecodeKernel) {
     return got;
   };
   const std::vector<float> tc = logits(cuda::PrefillAttention::kOff, 0);
-  for (const int wgmma : {0, 1, 2}) {
+  constexpr const char* kForms[] = {"mma.sync", "wgmma x1", "wgmma x2", "wgmma x2, 4 stages"};
+  for (const int wgmma : {0, 1, 2, 3}) {
     const std::vector<float> flash = logits(cuda::PrefillAttention::kAlways, wgmma);
     const int64_t V = target_->text().n_vocab, T = 160;
     ASSERT_EQ(static_cast<int64_t>(flash.size()), T * V);
@@ -569,10 +571,7 @@ TEST_F(CudaModelDemo, FlashPrefillMatchesTheDecodeKernel) {
     std::printf(
         "[bf16 demo] cuda flash prefill (%s) vs decode kernel, 160 tokens: rel-L2 median %.4f q7/8 %.4f max %.4f, "
         "argmax equal at %lld/%lld\n",
-        wgmma == 0   ? "mma.sync"
-        : wgmma == 1 ? "wgmma x1"
-                     : "wgmma x2",
-        median(err), quantile(err, 0.875), quantile(err, 1.0), static_cast<long long>(agree),
+        kForms[wgmma], median(err), quantile(err, 0.875), quantile(err, 1.0), static_cast<long long>(agree),
         static_cast<long long>(T));
     EXPECT_LE(median(err), 0.03) << "wgmma " << wgmma;
     EXPECT_LE(quantile(err, 0.875), 0.06);

@@ -31,7 +31,6 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kAutoRows = 64;  // rows per block that the launch sizes below count in
 constexpr int kBN = 32;        // keys per tile
-constexpr int kStages = 2;
 constexpr int kMinTokens = 32;  // fewer tokens (decode, verify) stay on attention_decode.cu's kernel
 // kAuto's fewest blocks: with fewer, the decode kernel, which also splits the keys, is faster (bench/RESULTS.md run
 // BK, `cuda_bench --prefill-attention` on an H200: flash / decode kernel 2.2-2.4x at 8-16 blocks, 0.99-1.8x at 32,
@@ -52,11 +51,13 @@ constexpr int kWgmmaAuto = -1;
 // scores. Rows are 16-byte chunks XOR-swizzled by the row's low three bits, so ldmatrix's eight rows hit distinct
 // banks. kWg > 0 (Hopper, head dims 64-256): each four warps are a warpgroup whose wgmma instructions read Q, K and V
 // straight from shared memory (each K and V tile once for the group's 64 rows, where ldmatrix reads it once per
-// warp); kWg warpgroups share a block's K/V tiles (two halve the tiles' copies per row). The tiles are then stored as
+// warp); kWg warpgroups share a block's K/V tiles (two halve the tiles' copies per row; kWg 3: two, with four K/V
+// stages instead of two, three tiles in flight). The tiles are then stored as
 // 64-column blocks of 128-byte rows with the 128-byte swizzle (wgmma.cuh), from a 1024-byte aligned base.
 template <int HD, int kWg = 0>
 struct Geo {
-  static constexpr int kRowWarps = kWg == 2 ? 8 : 4;  // warps along the rows: 16 query rows each
+  static constexpr int kRowWarps = kWg >= 2 ? 8 : 4;  // warps along the rows: 16 query rows each
+  static constexpr int kStages = kWg == 3 ? 4 : 2;    // K/V tiles in flight + 1
   static constexpr int kBM = 16 * kRowWarps;          // query rows per block
   static constexpr int kHalves = HD > 256 ? 2 : 1;    // warps per 16 rows
   static constexpr int kDh = HD / kHalves;            // head dims per warp
@@ -177,12 +178,18 @@ __global__ void __launch_bounds__(Geo<HD, kWg>::kThreads, Geo<HD, kWg>::kMinBloc
   const int kr = (lane / 16) * 8 + lane % 8, xk = ((lane / 8) % 2) ^ (lane % 8);
   const int vr = ((lane / 8) % 2) * 8 + lane % 8, xv = (lane / 16) ^ (lane % 8);
 
-  if (n_tiles > 0) load_tile(0, 0);
-  cp_async_commit();
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    if (tile + 1 < n_tiles) load_tile(tile + 1, (tile + 1) % kStages);
+  // The first kStages - 1 tiles (Q rides in the first group), then one more per tile, kStages - 1 ahead; the stage
+  // a load overwrites was last read in the iteration before, which ended with a barrier.
+  constexpr int kStages = G::kStages;
+#pragma unroll
+  for (int t = 0; t < kStages - 1; ++t) {
+    if (t < n_tiles) load_tile(t, t);
     cp_async_commit();
-    cp_async_wait<1>();
+  }
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    if (tile + kStages - 1 < n_tiles) load_tile(tile + kStages - 1, (tile + kStages - 1) % kStages);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
     if constexpr (kWg) fence_proxy_async_smem();  // the copies, before the wgmma reads of them
     __syncthreads();  // this tile (and Q) are in shared memory for every thread
     const bf16* sk = s_kv + (tile % kStages) * 2 * G::kTileElems;
@@ -368,6 +375,7 @@ template <int HD>
 Status launch_form(const PrefillParams& p, int64_t n_kv, int wg, cudaStream_t stream) {
   if (wg == 1) return launch_hd<HD, 1>(p, n_kv, stream);
   if (wg == 2) return launch_hd<HD, 2>(p, n_kv, stream);
+  if (wg == 3) return launch_hd<HD, 3>(p, n_kv, stream);
   return launch_hd<HD>(p, n_kv, stream);
 }
 
@@ -393,8 +401,7 @@ std::atomic<bool>& wide_flag() {  // head dim 512
 std::atomic<int>& wgmma_flag() {
   static std::atomic<int> groups{[] {
     const char* e = std::getenv("TANDEM_ATTN_PREFILL_WGMMA");
-    if (e != nullptr && (std::strcmp(e, "0") == 0 || std::strcmp(e, "1") == 0 || std::strcmp(e, "2") == 0))
-      return e[0] - '0';
+    if (e != nullptr && e[0] >= '0' && e[0] <= '3' && e[1] == '\0') return e[0] - '0';
     return kWgmmaAuto;
   }()};
   return groups;
@@ -428,7 +435,7 @@ PrefillAttention prefill_attention() {
 void set_prefill_attention_512(bool on) { wide_flag().store(on, std::memory_order_relaxed); }
 bool prefill_attention_512() { return wide_flag().load(std::memory_order_relaxed); }
 void set_prefill_attention_wgmma(int warpgroups) {
-  wgmma_flag().store(warpgroups >= kWgmmaAuto && warpgroups <= 2 ? warpgroups : 0, std::memory_order_relaxed);
+  wgmma_flag().store(warpgroups >= kWgmmaAuto && warpgroups <= 3 ? warpgroups : 0, std::memory_order_relaxed);
 }
 int prefill_attention_wgmma() { return wgmma_flag().load(std::memory_order_relaxed); }
 

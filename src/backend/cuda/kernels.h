@@ -89,8 +89,8 @@ bool prefill_attention_512();
 // Head dims 64-256 on the flash kernel's Hopper form (wgmma: each K/V tile read from shared memory once per 64 rows
 // instead of once per warp) with 1 or 2 warpgroups per block (64 or 128 query rows sharing the K/V tiles), where the
 // build has sm_90a code and the device is compute capability 9.0; otherwise (and with 0) the mma.sync form. -1, the
-// default: two warpgroups for launches of 256 64-row blocks or more, else one (bench/RESULTS.md run BL).
-// TANDEM_ATTN_PREFILL_WGMMA=0, 1 or 2 sets it.
+// default: two warpgroups for launches of 256 64-row blocks or more, else one (bench/RESULTS.md run BL). 3: two
+// warpgroups with four K/V stages instead of two (not yet run on a GPU). TANDEM_ATTN_PREFILL_WGMMA=0-3 sets it.
 void set_prefill_attention_wgmma(int warpgroups);
 int prefill_attention_wgmma();
 
