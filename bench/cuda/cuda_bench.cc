@@ -136,8 +136,9 @@ bool bench_attention(CudaBackend& be, int iters, double copy_gbs) {
 // 1024) and 31B (32 on 16), E2B's shape without a window and 31B's full layer (32 on 4, head dim 512), each on the
 // decode kernel's tensor-core path (attention_decode.cu; the prefill kernel off) and on the flash-attention kernel
 // (attention_prefill.cu, forced on, head dim 512 included) in its mma.sync form and, up to head dim 256, its wgmma
-// forms (one and two warpgroups per block, two with four K/V stages), with the flash launch's block count: the figures behind PrefillAttention::kAuto's threshold and the wgmma
-// switch. TFLOP/s counts the two products of every visible (query, key) pair.
+// forms (one and two warpgroups per block, two with four K/V stages), with the flash launch's block count: the
+// figures behind PrefillAttention::kAuto's thresholds and the wgmma default. TFLOP/s counts the two products of every
+// visible (query, key) pair.
 bool bench_prefill_attention(CudaBackend& be, int iters) {
   struct Shape {
     const char* label;
@@ -150,7 +151,7 @@ bool bench_prefill_attention(CudaBackend& be, int iters) {
   const cuda::PrefillAttention mode = cuda::prefill_attention();
   const bool wide = cuda::prefill_attention_512();
   const int wg = cuda::prefill_attention_wgmma();
-  cuda::set_prefill_attention_512(true);  // the flash kernel's head dim 512 too (off by default)
+  cuda::set_prefill_attention_512(true);  // the flash kernel's head dim 512 too (in case TANDEM_ATTN_PREFILL_512=0)
   std::printf("\n%-60s %7s %8s %9s %9s %9s %9s %9s %9s %9s %9s\n", "prompt-chunk attention (TFLOP/s)", "blocks",
               "tc ms", "flash ms", "flash/tc", "wg1 ms", "wg1/tc", "wg2 ms", "wg2/tc", "wg3 ms", "wg3/tc");
   for (const Shape& sh : shapes) {

@@ -573,9 +573,9 @@ TEST_F(CudaModelDemo, FlashPrefillMatchesTheDecodeKernel) {
         "argmax equal at %lld/%lld\n",
         kForms[wgmma], median(err), quantile(err, 0.875), quantile(err, 1.0), static_cast<long long>(agree),
         static_cast<long long>(T));
-    EXPECT_LE(median(err), 0.03) << "wgmma " << wgmma;
-    EXPECT_LE(quantile(err, 0.875), 0.06);
-    EXPECT_GE(agree, T - T / 10);
+    EXPECT_LE(median(err), 0.03) << kForms[wgmma];
+    EXPECT_LE(quantile(err, 0.875), 0.06) << kForms[wgmma];
+    EXPECT_GE(agree, T - T / 10) << kForms[wgmma];
   }
 }
 

@@ -52,8 +52,8 @@ constexpr int kWgmmaAuto = -1;
 // banks. kWg > 0 (Hopper, head dims 64-256): each four warps are a warpgroup whose wgmma instructions read Q, K and V
 // straight from shared memory (each K and V tile once for the group's 64 rows, where ldmatrix reads it once per
 // warp); kWg warpgroups share a block's K/V tiles (two halve the tiles' copies per row; kWg 3: two, with four K/V
-// stages instead of two, three tiles in flight). The tiles are then stored as
-// 64-column blocks of 128-byte rows with the 128-byte swizzle (wgmma.cuh), from a 1024-byte aligned base.
+// stages instead of two, three tiles in flight). The tiles are then stored as 64-column blocks of 128-byte rows with
+// the 128-byte swizzle (wgmma.cuh), from a 1024-byte aligned base.
 template <int HD, int kWg = 0>
 struct Geo {
   static constexpr int kRowWarps = kWg >= 2 ? 8 : 4;  // warps along the rows: 16 query rows each
@@ -198,8 +198,8 @@ __global__ void __launch_bounds__(Geo<HD, kWg>::kThreads, Geo<HD, kWg>::kMinBloc
     // S = Q K^T: 16 rows x 32 keys (four n-tiles), over this warp's dims.
     float s[4][4] = {};
     if constexpr (kWg) {
-      // The warpgroup's 64 rows at once: k-step kk is 32 bytes into 64-column block kk / 4 of Q and of K.
-      // This warpgroup's 64 rows start 64 rows (8 KB) into each of Q's column blocks.
+      // The warpgroup's 64 rows at once (they start 64 rows, 8 KB, into each of Q's column blocks per warpgroup
+      // before them): k-step kk is 32 bytes into 64-column block kk / 4 of Q and of K.
       const uint32_t q_addr = smem_u32(s_q) + (warp / 4) * 64 * 128, k_addr = smem_u32(sk);
       wgmma_pin(s);
       wgmma_fence();
@@ -214,18 +214,18 @@ __global__ void __launch_bounds__(Geo<HD, kWg>::kThreads, Geo<HD, kWg>::kMinBloc
       wgmma_pin(s);
     } else {
 #pragma unroll
-    for (int kk = 0; kk < G::kDh / 16; ++kk) {
-      uint32_t a[4];
-      ldmatrix_x4(a, s_q + qr * HD + swz_even(c0 + 2 * kk, xq));
+      for (int kk = 0; kk < G::kDh / 16; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4(a, s_q + qr * HD + swz_even(c0 + 2 * kk, xq));
 #pragma unroll
-      for (int pj = 0; pj < 2; ++pj) {
-        uint32_t b[4];
-        ldmatrix_x4(b, sk + (kr + 16 * pj) * HD + swz_even(c0 + 2 * kk, xk));
-        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-        mma_bf16(s[2 * pj], a, b0);
-        mma_bf16(s[2 * pj + 1], a, b1);
+        for (int pj = 0; pj < 2; ++pj) {
+          uint32_t b[4];
+          ldmatrix_x4(b, sk + (kr + 16 * pj) * HD + swz_even(c0 + 2 * kk, xk));
+          const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+          mma_bf16(s[2 * pj], a, b0);
+          mma_bf16(s[2 * pj + 1], a, b1);
+        }
       }
-    }
     }
     if constexpr (G::kHalves > 1) {
       // The pair's partial scores: write this warp's, wait for the pair (named barrier 1 + rw, its 64 threads),
@@ -328,17 +328,17 @@ __global__ void __launch_bounds__(Geo<HD, kWg>::kThreads, Geo<HD, kWg>::kMinBloc
       wgmma_pin(o);
     } else {
 #pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-      const uint32_t a[4] = {pa[2 * ks][0], pa[2 * ks][1], pa[2 * ks + 1][0], pa[2 * ks + 1][1]};
+      for (int ks = 0; ks < 2; ++ks) {
+        const uint32_t a[4] = {pa[2 * ks][0], pa[2 * ks][1], pa[2 * ks + 1][0], pa[2 * ks + 1][1]};
 #pragma unroll
-      for (int dq = 0; dq < kDn / 2; ++dq) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, sv + (vr + 16 * ks) * HD + swz_even(c0 + 2 * dq, xv));
-        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-        mma_bf16(o[2 * dq], a, b0);
-        mma_bf16(o[2 * dq + 1], a, b1);
+        for (int dq = 0; dq < kDn / 2; ++dq) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, sv + (vr + 16 * ks) * HD + swz_even(c0 + 2 * dq, xv));
+          const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+          mma_bf16(o[2 * dq], a, b0);
+          mma_bf16(o[2 * dq + 1], a, b1);
+        }
       }
-    }
     }
     __syncthreads();  // every warp is done with this stage before the next iteration's load overwrites it
   }
@@ -408,22 +408,19 @@ std::atomic<int>& wgmma_flag() {
 }
 
 // Whether the current device runs the kernel's sm_90a code: the build has it (TANDEM_CUDA_ARCHS lists 90a) and the
-// device is compute capability 9.0. Asked once per device.
+// device is compute capability 9.0 (attribute queries: no synchronisation, cheap beside a prompt chunk's launch).
 bool wgmma_runs_here() {
   static const bool built = std::strstr(TANDEM_CUDA_ARCHS, "90a") != nullptr;
-  if (!built) return false;
-  static std::atomic<uint64_t> known{0}, yes{0};  // bit d: device d asked / has it (devices past 63 ask every time)
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t{1} << dev : 0;
-  if (bit != 0 && (known.load(std::memory_order_acquire) & bit) != 0) return (yes.load() & bit) != 0;
-  int major = 0, minor = 0;
-  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
-                  minor == 0;
-  if (ok) yes.fetch_or(bit);
-  known.fetch_or(bit, std::memory_order_release);
-  return ok;
+  int dev = 0, major = 0, minor = 0;
+  return built && cudaGetDevice(&dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
+         minor == 0;
+}
+
+// A launch's size in blocks of kAutoRows query rows, the unit of the thresholds above.
+int64_t auto_blocks(int64_t n_tok, int64_t group, int64_t n_kv) {
+  return (n_tok * group + kAutoRows - 1) / kAutoRows * n_kv;
 }
 
 }  // namespace
@@ -446,7 +443,7 @@ bool attention_prefill_applies(const AttentionArgs& a) {
   const bool dims_ok =
       head_dim == 64 || head_dim == 128 || head_dim == 256 || (head_dim == 512 && prefill_attention_512());
   if (!dims_ok || n_tok < kMinTokens) return false;
-  const int64_t blocks = (n_tok * (n_heads / n_kv) + kAutoRows - 1) / kAutoRows * n_kv;
+  const int64_t blocks = auto_blocks(n_tok, n_heads / n_kv, n_kv);
   return mode == PrefillAttention::kAlways || blocks >= (head_dim == 512 ? kAutoMinBlocks512 : kAutoMinBlocks);
 }
 
@@ -454,10 +451,7 @@ Status launch_attention_prefill(const AttentionArgs& a, cudaStream_t stream) {
   const PrefillParams p = tc_attention_inputs(a);
   const int64_t n_kv = a.kv.k.shape[0];
   int wg = p.head_dim <= 256 && wgmma_runs_here() ? prefill_attention_wgmma() : 0;
-  if (wg == kWgmmaAuto) {
-    const int64_t blocks = (static_cast<int64_t>(p.n_tok) * p.group + kAutoRows - 1) / kAutoRows * n_kv;
-    wg = blocks >= kTwoGroupsMinBlocks ? 2 : 1;
-  }
+  if (wg == kWgmmaAuto) wg = auto_blocks(p.n_tok, p.group, n_kv) >= kTwoGroupsMinBlocks ? 2 : 1;
   switch (p.head_dim) {
     case 64:
       return launch_form<64>(p, n_kv, wg, stream);
